@@ -1,0 +1,1 @@
+"""Small programs that notebooks launch on several processes."""
