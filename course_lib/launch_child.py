@@ -81,6 +81,14 @@ def run_target(target: str, args: list[str]) -> None:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
 
 
+def print_user_traceback(error: BaseException) -> None:
+    """Print the traceback without the frames of this wrapper and of runpy."""
+    tb = traceback.TracebackException.from_exception(error)
+    tb.stack = traceback.StackSummary.from_list(
+        [f for f in tb.stack if not f.filename.endswith(("launch_child.py", "runpy>", "runpy.py"))])
+    print("".join(tb.format()), end="", file=sys.stderr)
+
+
 def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     """One rank: tie to the agent, redirect output, run the target, record the exit."""
     die_with_parent()
@@ -96,7 +104,7 @@ def run_worker(run_dir: str, target: str, args: list[str]) -> None:
             print(e.code, file=sys.stderr)
             error = str(e.code)
     except BaseException as e:  # noqa: BLE001 - every way a rank can end is recorded
-        traceback.print_exc()
+        print_user_traceback(e)
         code, error = 1, f"{type(e).__name__}: {e}"
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,0 +1,197 @@
+"""The launcher: output, results, and every way a run can go wrong ends cleanly and quickly.
+
+"Nothing left" is checked by looking for processes whose command line carries the run's tag.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from course_lib.launch import LaunchError, launch, save_result
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAULTS = "course_lib.demos.faults"
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if tag in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def assert_nothing_left(tag: str, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [(p.pid, p.name()) for p in tagged_processes(tag)]
+    assert not left, f"processes left behind: {left}"
+
+
+def new_tag() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+def test_two_ranks_stream_output_and_return_result(capsys):
+    run = launch("course_lib.demos.hello", nproc=2, timeout_s=60)
+    printed = capsys.readouterr().out
+    assert run.returncode == 0
+    assert "[rank 0] hello from rank 0 of 2" in printed
+    assert "[rank 1] hello from rank 1 of 2" in printed
+    assert "[rank 1] hello from rank 1 of 2" in run.output
+    assert sorted(r["rank"] for r in run.result) == [0, 1]
+    assert {r["backend"] for r in run.result} == {"gloo"}
+
+
+def test_quiet_run_prints_nothing(capsys):
+    run = launch("course_lib.demos.hello", nproc=1, timeout_s=60, quiet=True)
+    assert capsys.readouterr().out == ""
+    assert run.result[0]["world_size"] == 1
+
+
+def test_a_rank_that_raises_is_named_and_everything_ends():
+    tag = new_tag()
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(FAULTS, nproc=2, args=["--mode", "raise", "--rank", "1", "--tag", tag], quiet=True)
+    assert time.monotonic() - start < 15
+    assert "rank 1 failed" in str(err.value)
+    assert "RuntimeError: rank 1 fails on purpose" in str(err.value)
+    assert_nothing_left(tag)
+
+
+def test_a_hung_rank_is_stopped_after_the_timeout():
+    tag = new_tag()
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(FAULTS, nproc=2, args=["--mode", "hang", "--tag", tag], timeout_s=6, quiet=True)
+    assert time.monotonic() - start < 6 + 10
+    assert "did not finish within 6 s" in str(err.value)
+    assert_nothing_left(tag)
+
+
+def test_a_rank_that_never_starts_gives_a_clear_error():
+    tag = new_tag()
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(FAULTS, nproc=3, args=["--mode", "never-start", "--rank", "2", "--tag", tag],
+               timeout_s=60, quiet=True)
+    assert time.monotonic() - start < 15
+    assert "rank 2 failed (exit code 3)" in str(err.value)
+    assert "exits before joining" in str(err.value)
+    assert_nothing_left(tag)
+
+
+def test_a_port_in_use_is_refused_before_starting():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(LaunchError, match=f"port {port} .* already in use"):
+            launch("course_lib.demos.hello", nproc=2, port=port, quiet=True)
+        assert time.monotonic() - start < 2
+
+
+def test_a_fixed_free_port_works():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = launch("course_lib.demos.hello", nproc=2, port=port, timeout_s=60, quiet=True)
+    assert len(run.result) == 2
+
+
+@pytest.mark.parametrize("target, nproc, env, message", [
+    ("course_lib.demos.no_such_module", 2, None, "no module named 'course_lib.demos.no_such"),
+    ("missing_dir/train.py", 2, None, "no file 'missing_dir/train.py'"),
+    ("course_lib.demos.hello", 0, None, "nproc must be a whole number >= 1"),
+    ("course_lib.demos.hello", 2, {"COURSE_BACKEND": "nccl"}, "needs one GPU per process"),
+])
+def test_bad_input_fails_before_anything_starts(target, nproc, env, message):
+    if env and env.get("COURSE_BACKEND") == "nccl":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= nproc:
+            pytest.fail("this check needs a machine with fewer GPUs than processes")
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=message):
+        launch(target, nproc=nproc, env=env, quiet=True)
+    assert time.monotonic() - start < 2
+
+
+def cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "course_lib.launch", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_two_launches_at_once_do_not_collide():
+    runs = [cli("--nproc", "2", "course_lib.demos.hello") for _ in range(2)]
+    outputs = [p.communicate(timeout=120) for p in runs]
+    for p, (out, err) in zip(runs, outputs):
+        assert p.returncode == 0, err
+        assert "[rank 1] hello from rank 1 of 2" in out
+        assert out.count('"rank"') == 2  # the printed result holds both ranks
+
+
+def test_cli_failure_prints_one_error_and_exits_non_zero():
+    p = cli("--nproc", "1", "course_lib.demos.no_such_module")
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1
+    assert err.startswith("error: no module named")
+
+
+def test_killing_the_launcher_hard_leaves_no_worker():
+    tag = new_tag()
+    p = cli("--nproc", "2", FAULTS, "--mode", "sleep", "--seconds", "60", "--tag", tag)
+    deadline = time.monotonic() + 30
+    joined = 0
+    while joined < 2 and time.monotonic() < deadline:  # wait until both ranks are running
+        line = p.stdout.readline()
+        joined += "joined (sleep)" in line
+    assert joined == 2, "the workers did not start"
+    assert len(tagged_processes(tag)) >= 3  # the agent and two workers
+    p.send_signal(signal.SIGKILL)  # as when a notebook kernel dies
+    p.wait(timeout=10)
+    assert_nothing_left(tag, within_s=5)
+
+
+def test_interrupt_stops_every_process(monkeypatch):
+    tag = new_tag()
+    calls = {"n": 0}
+    real_sleep = time.sleep
+
+    def sleep_then_interrupt(seconds):
+        calls["n"] += 1
+        if calls["n"] == 120:  # about 6 s into the run: the learner presses "interrupt"
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr("course_lib.launch.time.sleep", sleep_then_interrupt)
+    with pytest.raises(LaunchError, match="interrupted"):
+        launch(FAULTS, nproc=2, args=["--mode", "sleep", "--seconds", "60", "--tag", tag],
+               quiet=True)
+    monkeypatch.undo()
+    assert_nothing_left(tag)
+
+
+def test_save_result_only_from_rank_0_of_a_launched_run(tmp_path, monkeypatch):
+    path = tmp_path / "result.json"
+    monkeypatch.delenv("COURSE_RESULT_PATH", raising=False)
+    assert save_result({"x": 1}) is False  # not under the launcher
+    monkeypatch.setenv("COURSE_RESULT_PATH", str(path))
+    monkeypatch.setenv("RANK", "1")
+    assert save_result({"x": 1}) is False and not path.exists()
+    monkeypatch.setenv("RANK", "0")
+    assert save_result({"x": 1}) is True
+    assert path.read_text() == '{"x": 1}'
