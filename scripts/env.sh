@@ -32,6 +32,9 @@ if [ "$want" != "$have" ] || [ ! -x "$VENV/bin/python" ]; then
   echo "$want" > "$VENV/.requirements.sha256"
   echo "[setup] environment ready"
 fi
+# The course's own package: a .pth file lets every Python of .venv (and its Jupyter kernels)
+# import course_lib from this checkout, wherever it was cloned.
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+[ "$(cat "$site/course_lib_root.pth" 2>/dev/null)" = "$ROOT" ] || echo "$ROOT" > "$site/course_lib_root.pth"
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"

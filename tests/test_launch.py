@@ -138,7 +138,7 @@ def cli(*args: str, **kwargs) -> subprocess.Popen:
 def test_two_launches_at_once_do_not_collide():
     runs = [cli("--nproc", "2", "course_lib.demos.hello") for _ in range(2)]
     outputs = [p.communicate(timeout=120) for p in runs]
-    for p, (out, err) in zip(runs, outputs):
+    for p, (out, err) in zip(runs, outputs, strict=True):
         assert p.returncode == 0, err
         assert "[rank 1] hello from rank 1 of 2" in out
         assert out.count('"rank"') == 2  # the printed result holds both ranks
