@@ -1,0 +1,201 @@
+"""scripts/make_student_notebooks.py on small synthetic notebooks: holes, ids, errors, keeping."""
+
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+
+import nbformat
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+    "make_student_notebooks", os.path.join(ROOT, "scripts", "make_student_notebooks.py"))
+msn = importlib.util.module_from_spec(_spec)
+sys.modules["make_student_notebooks"] = msn  # dataclasses look their module up there
+_spec.loader.exec_module(msn)
+
+CHECKERS = '''
+from course_lib.check.core import exercise
+
+
+@exercise("9.1")
+def doubled(fn):
+    pass
+
+
+@exercise("9.2")
+def halved(fn):
+    pass
+
+
+def undecorated(fn):
+    pass
+'''
+
+GOOD_CELL = '''\
+def my_double(x):
+    """Twice x."""
+    # BEGIN SOLUTION
+    y = 2 * x
+    return y
+    # END SOLUTION
+
+
+check.nb99.doubled(my_double)'''
+
+
+@pytest.fixture
+def check_dir(tmp_path):
+    folder = tmp_path / "check"
+    folder.mkdir()
+    (folder / "nb99.py").write_text(CHECKERS)
+    return folder
+
+
+def code(source, outputs=("done\n",)):
+    cell = nbformat.v4.new_code_cell(textwrap.dedent(source))
+    cell.execution_count = 1
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=t) for t in outputs]
+    return cell
+
+
+def notebook(*cells):
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 99 · Test"),
+                                           code("x = 1\nprint(x)", ["1\n"]), *cells])
+
+
+def test_a_block_becomes_a_hole_at_its_indentation(check_dir):
+    nb = notebook(nbformat.v4.new_markdown_cell("**Exercise 9.1.** Double it."), code(GOOD_CELL))
+    made = msn.make_student_copy(nb, "nb99", check_dir)
+    cell = made.notebook.cells[-1]
+    assert cell.source == textwrap.dedent('''\
+        def my_double(x):
+            """Twice x."""
+            ...
+            raise NotImplementedError("Exercise 9.1: double")
+
+
+        check.nb99.doubled(my_double)''')
+    assert cell.outputs == [] and cell.execution_count is None  # exercise output cleared
+    assert made.notebook.cells[2].outputs[0]["text"] == "1\n"  # other outputs are kept
+    assert [b.exercise_id for b in made.blocks] == ["9.1"] and made.checks == {"9.1": 1}
+    assert made.blocks[0].lines == ["    y = 2 * x", "    return y"]
+    assert "BEGIN SOLUTION" in nb.cells[-1].source  # the original is left as it was
+    assert made.notebook.cells[1].id == "student-copy-note"
+    nbformat.validate(made.notebook)
+
+
+def test_two_blocks_a_nested_function_and_a_later_checker_cell(check_dir):
+    source = '''\
+    class Halver:
+        def my_half(self, x):
+            def inner(v):
+                # BEGIN SOLUTION
+                return v / 2
+                # END SOLUTION
+            # BEGIN SOLUTION
+            return inner(x)
+            # END SOLUTION'''
+    nb = notebook(code(source), code("check.nb99.halved(Halver().my_half)"))
+    made = msn.make_student_copy(nb, "nb99", check_dir)
+    assert [(b.function, b.exercise_id) for b in made.blocks] == [("inner", "9.2"),
+                                                                   ("my_half", "9.2")]
+    assert made.notebook.cells[-2].source.count("raise NotImplementedError") == 2
+    assert made.notebook.cells[-1].outputs == []  # the checker's cell is cleared too
+    assert made.checks == {"9.2": 1}
+
+
+def test_a_function_name_reused_by_the_next_exercise(check_dir):
+    second = GOOD_CELL.replace("9.1", "9.2").replace("doubled", "halved")
+    made = msn.make_student_copy(notebook(code(GOOD_CELL), code(second)), "nb99", check_dir)
+    assert [b.exercise_id for b in made.blocks] == ["9.1", "9.2"]
+
+
+def test_exercise_id_from_markdown_when_the_checker_has_none(check_dir):
+    nb = notebook(nbformat.v4.new_markdown_cell("**Exercise 9.7.** Something."),
+                  code(GOOD_CELL.replace("doubled", "undecorated")))
+    assert msn.make_student_copy(nb, "nb99", check_dir).blocks[0].exercise_id == "9.7"
+
+
+MALFORMED = {
+    "only in a class body": "class Doubler:\n    # BEGIN SOLUTION\n    factor = 2\n"
+                            "    # END SOLUTION\ncheck.nb99.doubled(Doubler)",
+    "without '# END SOLUTION'": GOOD_CELL.replace("    # END SOLUTION\n", ""),
+    "without '# BEGIN SOLUTION'": GOOD_CELL.replace("    # BEGIN SOLUTION\n", ""),
+    "cannot nest": GOOD_CELL.replace("    return y\n", "    # BEGIN SOLUTION\n    return y\n"),
+    "write the marker exactly": GOOD_CELL.replace("# BEGIN SOLUTION", "#BEGIN SOLUTION"),
+    "not indented like": GOOD_CELL.replace("    # END SOLUTION", "# END SOLUTION"),
+    "empty solution block": "def my_double(x):\n    # BEGIN SOLUTION\n\n    # END SOLUTION\n"
+                            "    return x\ncheck.nb99.doubled(my_double)",
+    "only comments": "def my_double(x):\n    # BEGIN SOLUTION\n    # think\n    # END SOLUTION"
+                     "\n    return x\ncheck.nb99.doubled(my_double)",
+    "not inside a function": "# BEGIN SOLUTION\nanswer = 2\n# END SOLUTION\n"
+                             "check.nb99.doubled(lambda x: answer * x)",
+    "outside its checker": GOOD_CELL + "\nprint(my_double(3))",
+    "no checker call receives": GOOD_CELL.replace("check.nb99.doubled(my_double)", "pass"),
+    "cannot tell the exercise": GOOD_CELL.replace("doubled", "undecorated"),
+    "with its hole": "def my_double(x):\n    y = (x +\n    # BEGIN SOLUTION\n    x)\n"
+                     "    # END SOLUTION\n    return y\ncheck.nb99.doubled(my_double)",
+    "not valid Python": GOOD_CELL.replace("return y", "return y)"),
+}
+
+
+@pytest.mark.parametrize("problem", sorted(MALFORMED))
+def test_malformed_notebooks_fail_loudly(problem, check_dir):
+    expected = "not inside a function" if problem == "only in a class body" else problem
+    with pytest.raises(msn.MalformedNotebook, match=expected) as error:
+        msn.make_student_copy(notebook(code(MALFORMED[problem])), "nb99", check_dir)
+    assert "nb99, cell 2" in str(error.value)  # names the notebook and the cell
+
+
+def test_magic_lines_are_allowed(check_dir):
+    made = msn.make_student_copy(notebook(code("%matplotlib inline\n" + GOOD_CELL)), "nb99",
+                                 check_dir)
+    assert made.notebook.cells[-1].source.startswith("%matplotlib inline\n")
+
+
+def write_source(folder, name, cells):
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    nbformat.write(notebook(*cells), path)
+    return path
+
+
+def test_copies_keep_edits_until_reset(tmp_path):
+    # no check_dir: the checkers of course_lib/check are the real ones
+    cell = code("import course_lib.check.nb00\n\ndef f():\n    # BEGIN SOLUTION\n    return 1\n"
+                "    # END SOLUTION\n\ncheck.nb00.hello_on_three(f)")
+    src = write_source(tmp_path / "nbs", "99_test.ipynb", [cell])
+    out = tmp_path / "student"
+    assert msn.main([str(src), "--out", str(out)]) == 0
+    copy = out / "99_test.ipynb"
+    hole = nbformat.read(copy, as_version=4).cells[-1].source
+    assert 'raise NotImplementedError("Exercise 0.1: f")' in hole
+    manifest = json.loads((out / msn.MANIFEST).read_text())
+    assert set(manifest) == {"99_test.ipynb"}
+
+    edited = copy.read_text().replace("...", "return 1")
+    copy.write_text(edited)
+    write_source(tmp_path / "nbs", "99_test.ipynb", [cell, code("print(2)")])  # course update
+    messages = msn.write_copies([src], out, reset=False)
+    assert copy.read_text() == edited and "newer version" in messages[0]
+
+    messages = msn.write_copies([src], out, reset=True)
+    backups = list((out / "previous").iterdir())
+    assert len(backups) == 1 and backups[0].read_text() == edited
+    assert "print(2)" in copy.read_text() and "return 1" not in copy.read_text()
+
+    write_source(tmp_path / "nbs", "99_test.ipynb", [cell, code("print(3)")])
+    msn.write_copies([src], out, reset=False)  # an unedited copy follows the course
+    assert "print(3)" in copy.read_text()
+
+
+def test_one_bad_notebook_writes_nothing(tmp_path, capsys):
+    good = write_source(tmp_path / "nbs", "98_good.ipynb", [code("print(1)")])
+    bad = write_source(tmp_path / "nbs", "99_bad.ipynb", [code(MALFORMED["cannot nest"])])
+    assert msn.main([str(good), str(bad), "--out", str(tmp_path / "student")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "99_bad.ipynb, cell 2" in err
+    assert not (tmp_path / "student").exists()
