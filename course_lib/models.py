@@ -42,7 +42,9 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"d_model {config.d_model} is not a multiple of n_heads "
                              f"{config.n_heads}; pick n_heads that divides it")
         self.n_heads = config.n_heads
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)  # queries, keys, values
+        # no bias: a key bias adds the same number to every score of a query, which softmax
+        # ignores, so its true gradient is 0 and Adam would blow rounding noise up into steps
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)  # q, k, v
         self.proj = nn.Linear(config.d_model, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
 
