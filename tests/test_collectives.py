@@ -1,0 +1,189 @@
+"""Hand-written collectives (course_lib.collectives) against dist.all_reduce, on Gloo.
+
+One launch of ``course_lib.demos.collectives_selftest`` per world size (1, 2, 3, 4) runs every
+algorithm on awkward tensors; the tests here assert on the summary it hands back. Expected
+byte counts are computed here from the chunk sizes of ``torch.tensor_split``, independently of
+``course_lib.collectives.chunk_bounds``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from course_lib.collectives import ByteCounter, chunk_bounds, ring_all_reduce
+from course_lib.launch import launch
+
+WORLD_SIZES = [1, 2, 3, 4]
+RING_LIKE = ("ring", "ring_halves", "ring_small_slices", "ring_tiny_slices")
+ALL_ALGORITHMS = (*RING_LIKE, "naive", "recursive_doubling")
+
+
+@pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda n: f"world{n}")
+def report(request) -> dict:
+    """The self-test's summary at one world size (one launch, shared by the tests below)."""
+    run = launch("course_lib.demos.collectives_selftest", nproc=request.param, timeout_s=150,
+                 quiet=True, env={"COURSE_BACKEND": "gloo"})
+    assert run.returncode == 0
+    assert run.result is not None, run.output
+    assert run.result["world_size"] == request.param
+    assert len(run.result["ranks"]) == request.param
+    return run.result
+
+
+def chunk_sizes(numel: int, world_size: int) -> list[int]:
+    """Sizes of the chunks, from torch.tensor_split (the reference convention)."""
+    return [len(c) for c in torch.tensor_split(torch.arange(numel), world_size)]
+
+
+def entries(report: dict, key: str, **match) -> list[tuple[int, dict]]:
+    """(rank, entry) for every rank's entries under ``key`` that match the given fields."""
+    found = [(rank, e) for rank, rep in enumerate(report["ranks"]) for e in rep[key]
+             if all(e[k] == v for k, v in match.items())]
+    assert found, f"no {key} entries match {match}"
+    return found
+
+
+# --- pure functions, no processes ------------------------------------------------------------
+
+@pytest.mark.parametrize("numel", [0, 1, 2, 3, 5, 7, 16, 10_007])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+def test_chunk_bounds_match_tensor_split(numel, world_size):
+    bounds = chunk_bounds(numel, world_size)
+    assert len(bounds) == world_size
+    assert [end - start for start, end in bounds] == chunk_sizes(numel, world_size)
+    assert bounds[0][0] == 0 and bounds[-1][1] == numel
+    assert all(bounds[i][1] == bounds[i + 1][0] for i in range(world_size - 1))  # contiguous
+    sizes = [end - start for start, end in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_chunk_bounds_rejects_nonsense():
+    with pytest.raises(ValueError, match="world_size"):
+        chunk_bounds(10, 0)
+    with pytest.raises(ValueError, match="numel"):
+        chunk_bounds(-1, 2)
+
+
+def test_byte_counter_adds_sizes():
+    counter = ByteCounter()
+    counter.add(torch.zeros(3, dtype=torch.float64))
+    counter.add(torch.zeros(2, 5, dtype=torch.int16))
+    assert (counter.bytes_sent, counter.messages) == (3 * 8 + 10 * 2, 2)
+
+
+def test_without_process_group_the_error_says_how_to_start():
+    with pytest.raises(RuntimeError, match="course_lib.worker"):
+        ring_all_reduce(torch.ones(3))
+
+
+# --- one launch per world size ----------------------------------------------------------------
+
+def test_every_algorithm_equals_dist_all_reduce(report):
+    for rank, e in entries(report, "all_reduce"):
+        where = f"{e['algorithm']} on {e['case']} at rank {rank}"
+        assert e["error"] == "", f"{where}: {e['error']}"
+        assert e["same_object"], f"{where}: must return the tensor it was given"
+        assert e["shape_kept"], f"{where}: shape or dtype changed"
+
+
+def test_every_case_ran_for_every_algorithm(report):
+    n = report["world_size"]
+    cases = {e["case"] for _, e in entries(report, "all_reduce", algorithm="ring")}
+    assert len(cases) >= 12
+    for name in ALL_ALGORITHMS:
+        ran = {e["case"] for _, e in entries(report, "all_reduce", algorithm=name)}
+        if name == "ring_tiny_slices":  # one message per element: small cases only
+            assert len(ran) >= 10 and ran <= cases
+        else:
+            assert ran == cases, name
+        assert len(entries(report, "all_reduce", algorithm=name)) == len(ran) * n
+    transposed = entries(report, "all_reduce", case="transposed 2-D")
+    assert all(not e["contiguous_input"] for _, e in transposed)  # really non-contiguous
+
+
+def test_results_bitwise_identical_on_all_ranks(report):
+    for _, e in entries(report, "all_reduce"):
+        assert e["bitwise_same"], f"{e['algorithm']} on {e['case']}: ranks differ"
+
+
+def test_ring_sends_2_n_minus_1_over_n_of_the_bytes(report):
+    n = report["world_size"]
+    for rank, e in entries(report, "all_reduce"):
+        if e["algorithm"] not in RING_LIKE:
+            continue
+        sizes = chunk_sizes(e["numel"], n)
+        # reduce-scatter sends every chunk but my own, all-gather every chunk but my right
+        # neighbour's: 2 * numel - size[r] - size[r + 1] elements
+        expected = (2 * e["numel"] - sizes[rank] - sizes[(rank + 1) % n]) * e["element_size"]
+        if n == 1:
+            expected = 0
+        assert e["bytes_sent"] == expected, f"{e['algorithm']} {e['case']} rank {rank}"
+        law = 2 * (n - 1) / n * e["numel"] * e["element_size"]  # the 2(N-1)/N law
+        assert abs(e["bytes_sent"] - law) <= 2 * e["element_size"]  # chunk rounding only
+        if e["numel"] % n == 0:
+            assert e["bytes_sent"] == law
+
+
+def test_naive_and_recursive_doubling_byte_counts(report):
+    n = report["world_size"]
+    power = 2 ** int(math.log2(n))
+    for rank, e in entries(report, "all_reduce", algorithm="naive"):
+        nbytes = e["numel"] * e["element_size"]
+        expected = 0 if n == 1 else ((n - 1) * nbytes if rank == 0 else nbytes)
+        assert e["bytes_sent"] == expected, f"naive {e['case']} rank {rank}"
+    for rank, e in entries(report, "all_reduce", algorithm="recursive_doubling"):
+        nbytes = e["numel"] * e["element_size"]
+        rounds = int(math.log2(power)) if rank < power else 0
+        folds = 1 if (rank >= power or rank + power < n) else 0  # fold in, or send the result
+        assert e["bytes_sent"] == (rounds + folds) * nbytes, f"rd {e['case']} rank {rank}"
+
+
+def test_ring_messages_per_slice(report):
+    """Small slices mean more messages, never more bytes."""
+    n = report["world_size"]
+    if n == 1:
+        return
+    by_key = {(rank, e["algorithm"], e["case"]): e for rank, e in entries(report, "all_reduce")}
+    for rank in range(n):
+        plain, sliced = by_key[(rank, "ring", "10k")], by_key[(rank, "ring_small_slices", "10k")]
+        assert plain["bytes_sent"] == sliced["bytes_sent"]
+        assert plain["messages"] == 2 * (n - 1)  # one message per step
+        assert sliced["messages"] > 4 * plain["messages"]
+
+
+def test_reduce_scatter_leaves_the_full_sum_in_my_chunk(report):
+    n = report["world_size"]
+    for rank, e in entries(report, "reduce_scatter"):
+        assert e["error"] == "", f"{e['case']} rank {rank}: {e['error']}"
+        sizes = chunk_sizes(e["numel"], n)
+        expected = 0 if n == 1 else (e["numel"] - sizes[rank]) * e["element_size"]
+        assert e["bytes_sent"] == expected
+
+
+def test_all_gather_fills_every_chunk_from_its_owner(report):
+    n = report["world_size"]
+    for rank, e in entries(report, "all_gather"):
+        assert e["error"] == "", f"{e['case']} rank {rank}: {e['error']}"
+        sizes = chunk_sizes(e["numel"], n)
+        expected = 0 if n == 1 else (e["numel"] - sizes[(rank + 1) % n]) * e["element_size"]
+        assert e["bytes_sent"] == expected
+
+
+def test_mismatched_shape_or_dtype_raises_on_every_rank(report):
+    n = report["world_size"]
+    if n == 1:
+        assert all(not rep["mismatch"] for rep in report["ranks"])
+        return
+    for what, mine, theirs in (("shape", "(2, 3)", "(3, 2)"),
+                               ("dtype", "torch.float32", "torch.float64")):
+        found = entries(report, "mismatch", what=what)
+        assert len(found) == n * len(ALL_ALGORITHMS)
+        for rank, e in found:
+            where = f"{e['algorithm']} ({what}) at rank {rank}"
+            assert e["message"], f"{where}: no ValueError raised"
+            assert "rank 0" in e["message"] and f"rank {n - 1}" in e["message"], where
+            assert mine in e["message"] and theirs in e["message"], where
+            assert e["healthy_after"], f"{where}: the group did not work afterwards"
