@@ -113,6 +113,24 @@ def per_example_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return torch.cat([g.reshape(x.shape[0], -1) for g in grads.values()], dim=1)  # (B, P)
 
 
+def gradient_noise(per_example: torch.Tensor, batch_size: int, draws: int,
+                   seed: int = 0) -> float:
+    """Mean squared distance E||g_B - g||^2 between a mini-batch gradient and the full one.
+
+    ``per_example`` (N, P) holds every example's gradient; each of ``draws`` batches takes
+    ``batch_size`` examples at random (with replacement, so the theory is exact: the noise is
+    trace(covariance) / batch_size).
+    """
+    n = per_example.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(n, (draws, batch_size), generator=g).to(per_example.device)
+    counts = torch.zeros(draws, n, dtype=per_example.dtype, device=per_example.device)
+    counts.scatter_add_(1, picks, torch.ones_like(picks, dtype=per_example.dtype))  # (D, N)
+    batch_grads = counts @ per_example / batch_size  # (D, N) @ (N, P) -> (D, P): batch means
+    full = per_example.mean(dim=0)  # (P,): the gradient over every example
+    return (batch_grads - full).pow(2).sum(dim=1).mean().item()
+
+
 def gradient_descent(loss_of_w: Callable[[torch.Tensor], torch.Tensor], w0: torch.Tensor,
                      lr: float, steps: int) -> tuple[torch.Tensor, list[float]]:
     """Plain gradient descent from ``w0``: returns the path (steps + 1, d) and the losses."""

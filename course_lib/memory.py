@@ -56,28 +56,34 @@ def _storage_key(t: torch.Tensor) -> tuple:
     return (t.device.type, t.device.index, storage.data_ptr(), storage.nbytes())
 
 
-def saved_tensor_bytes(run_forward: Callable[[], torch.Tensor],
-                       exclude: Iterable[torch.Tensor] = ()) -> int:
-    """Bytes of the storages autograd saves for backward while ``run_forward()`` runs.
+def saved_tensors(run_forward: Callable[[], torch.Tensor],
+                  exclude: Iterable[torch.Tensor] = ()) -> list[dict]:
+    """What autograd saves for backward while ``run_forward()`` runs: one entry per storage.
 
-    Each storage is counted once; storages of ``exclude`` (the parameters) are left out.
+    Each entry: ``shape`` and ``dtype`` of the first tensor seen on that storage, and ``bytes``
+    of the whole storage (a view keeps all of it alive). Storages of ``exclude`` (the
+    parameters, counted elsewhere) are left out.
     """
     skip = {_storage_key(t) for t in exclude}
-    seen: set[tuple] = set()
-    total = 0
+    found: dict[tuple, dict] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
         key = _storage_key(t)
-        if key not in skip and key not in seen:
-            seen.add(key)
-            total += key[3]  # the whole storage stays alive, not only the viewed part
+        if key not in skip and key not in found:
+            found[key] = {"shape": tuple(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                          "bytes": key[3]}
         return t  # keep the tensor itself: we only look
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = run_forward()
     del loss  # frees the graph and everything it saved
-    return total
+    return list(found.values())
+
+
+def saved_tensor_bytes(run_forward: Callable[[], torch.Tensor],
+                       exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of the storages autograd saves for backward, each counted once."""
+    return sum(entry["bytes"] for entry in saved_tensors(run_forward, exclude))
 
 
 def cuda_peak_bytes(run_forward: Callable[[], torch.Tensor], device: torch.device) -> int:

@@ -84,9 +84,9 @@ def memory_wall(batch_sizes: Sequence[int], fixed: Mapping[str, int], per_exampl
     layers = [[value / MB] * len(xs) for value in fixed.values()]
     layers.append([per_example * b / MB for b in xs])
     ax.stackplot(xs, layers, labels=[*fixed.keys(), "activations"], alpha=0.8)
-    ax.axhline(budget_bytes / MB, color="red", lw=1.5, label="memory budget")
+    ax.axhline(budget_bytes / MB, color="black", lw=1.8, label="memory budget")
     if largest > 0:
-        ax.axvline(largest, color="red", ls=":", lw=1.2, label=f"largest batch {largest}")
+        ax.axvline(largest, color="black", ls=":", lw=1.4, label=f"largest batch {largest}")
     ax.set(xlabel="batch size B", ylabel="memory (MiB)", title="the wall")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
