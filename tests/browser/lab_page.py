@@ -1,0 +1,168 @@
+"""Drive a notebook in JupyterLab the way a learner does, and read back what the page shows.
+
+Cells are read from the page itself (prompts, images, text, error boxes); ``window.jupyterapp``
+(JupyterLab's ``expose_app_in_browser``) is used only to list the cells in order and to see
+whether the kernel is busy.
+"""
+
+from __future__ import annotations
+
+import time
+
+from nb_expectations import NOT_RUN_PROMPTS
+from playwright.sync_api import Locator, Page
+
+STDERR_MIME = "application/vnd.jupyter.stderr"  # JupyterLab shows errors and stderr this way
+
+KERNEL_STATUS_JS = """() => {
+  const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const session = panel && panel.sessionContext && panel.sessionContext.session;
+  return session && session.kernel ? session.kernel.status : 'none';
+}"""
+
+READ_CELLS_JS = """(stderrMime) => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  return panel.content.widgets.map(cell => {
+    const node = cell.node;
+    const area = node.querySelector('.jp-Cell-outputArea');
+    const outputs = [...node.querySelectorAll('.jp-OutputArea-output')];
+    // plots drawn by the cell itself, not those inside a widget's own output
+    const images = [...node.querySelectorAll('.jp-OutputArea-output img')]
+      .filter(img => !img.closest('.jupyter-widgets'));
+    return {
+      kind: cell.model.type,
+      prompt: (node.querySelector('.jp-InputPrompt') || {innerText: ''}).innerText.trim(),
+      errors: outputs.filter(o => o.dataset.mimeType === stderrMime)
+        .map(o => o.innerText.trim().slice(-1500)),
+      images: images.length,
+      images_loaded: images.filter(img => img.complete && img.naturalWidth > 0).length,
+      text: area ? area.innerText : '',
+      sliders: node.querySelectorAll('.widget-slider').length,
+      outputs: outputs.length,
+    };
+  });
+}"""
+
+FINGERPRINT_JS = """(index) => {
+  const cell = window.jupyterapp.shell.currentWidget.content.widgets[index];
+  const copy = cell.node.querySelector('.jp-Cell-outputArea').cloneNode(true);
+  copy.querySelectorAll('.widget-slider').forEach(slider => slider.remove());  // not its readout
+  const images = [...copy.querySelectorAll('img')].map(img => img.getAttribute('src'));
+  return copy.textContent + '\\n' + images.join('\\n');
+}"""
+
+
+def kernel_status(page: Page) -> str:
+    return page.evaluate(KERNEL_STATUS_JS)
+
+
+def wait_for_idle_kernel(page: Page, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while kernel_status(page) != "idle":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the kernel was not idle within {timeout_s:.0f} s "
+                                 f"(status: {kernel_status(page)})")
+        time.sleep(0.25)
+
+
+def open_notebook(page: Page, url: str, name: str, timeout_s: float = 90) -> None:
+    """Open ``name`` in a fresh JupyterLab workspace and wait for its kernel to be idle."""
+    page.goto(f"{url}/lab/tree/{name}?reset")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=timeout_s * 1000)
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext",
+                           timeout=timeout_s * 1000)
+    wait_for_idle_kernel(page, timeout_s)  # Run All sent earlier can be lost
+
+
+def read_cells(page: Page) -> list[dict]:
+    """What the page shows for every cell, in notebook order."""
+    return page.evaluate(READ_CELLS_JS, STDERR_MIME)
+
+
+def clear_outputs(page: Page) -> None:
+    """Edit > Clear Outputs of All Cells: saved outputs must not pass for new ones."""
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    page.wait_for_function("() => document.querySelectorAll("
+                           "'.jp-NotebookPanel .jp-OutputArea-output').length === 0")
+
+
+def run_all_cells(page: Page) -> None:
+    """Run > Run All Cells, through the menu bar."""
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+
+def finished(cells: list[dict], must_run: list[int]) -> bool:
+    return all(cells[i]["prompt"] not in NOT_RUN_PROMPTS for i in must_run)
+
+
+def wait_until_run_ends(page: Page, must_run: list[int], timeout_s: float) -> list[dict]:
+    """Wait until every cell in ``must_run`` has run, or Run All has stopped; return the cells.
+
+    Run All stops at a cell that raises: nothing is queued any more ("[*]") and the kernel is
+    idle, yet some cells never ran. Seen for 3 s in a row, that ends the wait too.
+    """
+    deadline = time.monotonic() + timeout_s
+    stopped_since = None
+    while time.monotonic() < deadline:
+        cells = read_cells(page)
+        idle = kernel_status(page) == "idle"
+        if idle and finished(cells, must_run):
+            return cells
+        queued = any(c["prompt"] == "[*]:" for c in cells)
+        if idle and not queued:
+            stopped_since = stopped_since or time.monotonic()
+            if time.monotonic() - stopped_since > 3:
+                return cells
+        else:
+            stopped_since = None
+        time.sleep(0.5)
+    raise AssertionError(f"Run All did not finish within {timeout_s:.0f} s; cell prompts: "
+                         f"{[c['prompt'] for c in read_cells(page)]}")
+
+
+def cell(page: Page, index: int) -> Locator:
+    return page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").nth(index)
+
+
+def output_fingerprint(page: Page, index: int) -> str:
+    """Text and image sources of a cell's output, leaving out the sliders themselves."""
+    return page.evaluate(FINGERPRINT_JS, index)
+
+
+def settled_fingerprint(page: Page, index: int, before: str, timeout_s: float) -> str:
+    """Wait for the output to differ from ``before`` and then hold still with an idle kernel."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        now = output_fingerprint(page, index)
+        if now != before and now == last and kernel_status(page) == "idle":
+            return now
+        last = now
+        time.sleep(0.5)
+    return output_fingerprint(page, index)
+
+
+def move_first_slider(page: Page, index: int, timeout_s: float = 30) -> tuple[str, str, str]:
+    """Move the first slider of cell ``index`` one step; return (before, after, how).
+
+    First with the keyboard (focus the handle, press an arrow), then, if the output did not
+    change, by dragging the handle with the mouse.
+    """
+    handle = cell(page, index).locator(".widget-slider .noUi-handle").first
+    handle.scroll_into_view_if_needed()
+    before = output_fingerprint(page, index)
+    at_end = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+    handle.focus()
+    page.keyboard.press("ArrowLeft" if at_end else "ArrowRight")
+    after = settled_fingerprint(page, index, before, timeout_s)
+    if after != before:
+        return before, after, "keyboard"
+    box = handle.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + (-60 if at_end else 60), y, steps=6)
+    page.mouse.up()
+    return before, settled_fingerprint(page, index, before, timeout_s), "mouse drag"

@@ -1,0 +1,129 @@
+"""A learner's view: open course notebooks in JupyterLab in a real browser and Run All.
+
+For each notebook, what must be seen is read from its saved outputs (nb_expectations.py): no
+error anywhere, every saved plot as an image in the page, lines from every rank where the saved
+run had them, and, when there is a slider, its output changes when the slider moves.
+Screenshots go to test-artifacts/browser/NOTEBOOK/.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from lab_page import (
+    cell,
+    clear_outputs,
+    move_first_slider,
+    open_notebook,
+    read_cells,
+    run_all_cells,
+    wait_until_run_ends,
+)
+from lab_server import shut_down_kernels
+from nb_expectations import NotebookExpectation, page_problems, read_expectation
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# a plot, a slider with an interactive output and a 2-process launch, to prove the harness
+FIXTURE = Path(__file__).resolve().parent / "fixture_plot_slider_launch.ipynb"
+NOTEBOOKS = [
+    REPO_ROOT / "notebooks" / "00_start_here.ipynb",
+    REPO_ROOT / "notebooks" / "03_gradient_accumulation.ipynb",
+    REPO_ROOT / "notebooks" / "07_data_parallel_training.ipynb",
+    FIXTURE,
+]
+RUN_TIMEOUT_S = 420  # Run All of the slowest notebook on a 2-core machine, with room to spare
+WIDGET_FRONT_END = "@jupyter-widgets/jupyterlab-manager"
+
+
+def notebook_param(path: Path):
+    """A notebook still being written is skipped, by name, before JupyterLab starts."""
+    missing = pytest.mark.skipif(not path.exists(),
+                                 reason=f"{path.relative_to(REPO_ROOT)} does not exist yet")
+    return pytest.param(path, id=path.stem, marks=missing)
+
+
+def slider_problems(page, expected: NotebookExpectation, cells: list[dict], out: Path) -> list:
+    """Move the notebook's first slider; its output must change and show no error."""
+    with_slider = [i for i, c in enumerate(cells) if c["sliders"]]
+    want = expected.slider_cell
+    index = want.index if want is not None else (with_slider[0] if with_slider else None)
+    if index is None or not cells[index]["sliders"]:
+        shown = cells[index]["text"].strip()[:300] if index is not None else "(no cell)"
+        return [f"the saved notebook has a slider but the page shows none (cell {index} "
+                f"shows: {shown!r}); is the widget front-end {WIDGET_FRONT_END} installed "
+                "and enabled in JupyterLab?"]
+    cell(page, index).screenshot(path=str(out / "4_slider_before.png"))
+    before, after, how = move_first_slider(page, index)
+    cell(page, index).screenshot(path=str(out / "5_slider_after.png"))
+    (out / "slider_move.txt").write_text(f"cell {index}, moved by {how}\n--- output before:\n"
+                                         f"{before}\n--- output after:\n{after}\n")
+    if after == before:
+        return [f"cell {index}: moving the slider (keyboard, then mouse drag) did not change "
+                f"its output; output stayed {before.strip()[:300]!r}"]
+    errors = read_cells(page)[index]["errors"]
+    if errors:
+        return [f"cell {index}: after moving the slider ({how}) the output shows an "
+                f"error:\n{errors[0]}"]
+    return []
+
+
+def save_evidence(page, expected: NotebookExpectation, out: Path) -> None:
+    """Screenshots of the top of the notebook, the first plot and the first multi-rank cell."""
+    page.screenshot(path=str(out / "1_after_run_all.png"))
+    plots = [c.index for c in expected.cells if c.png_count]
+    if plots:
+        cell(page, plots[0]).screenshot(path=str(out / "2_first_plot.png"))
+    if expected.multi_rank_cells:
+        cell(page, expected.multi_rank_cells[0].index).screenshot(
+            path=str(out / "3_rank_lines.png"))
+
+
+def save_failure_screenshots(page, out: Path) -> None:
+    """The page as it was, and the first cell that shows an error or never ran."""
+    try:
+        page.screenshot(path=str(out / "failure.png"))
+        cells = read_cells(page)
+        bad = [i for i, c in enumerate(cells) if c["errors"]]
+        bad += [i for i, c in enumerate(cells) if c["kind"] == "code" and c["prompt"] == "[ ]:"]
+        if bad:
+            cell(page, bad[0]).screenshot(path=str(out / f"failure_cell_{bad[0]}.png"))
+    except Exception as error:  # noqa: BLE001 - the test's own failure matters more
+        (out / "failure_screenshot_error.txt").write_text(repr(error))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 180)
+@pytest.mark.parametrize("notebook", [notebook_param(p) for p in NOTEBOOKS])
+def test_notebook_runs_in_jupyterlab(notebook: Path, lab, browser, artifacts):
+    expected = read_expectation(notebook)
+    out = artifacts / notebook.stem
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    print(f"screenshots: {out}")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    console = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    try:
+        open_notebook(page, lab.url, notebook.name)
+        clear_outputs(page)
+        run_all_cells(page)
+        must_run = [c.index for c in expected.cells if c.must_run]
+        cells = wait_until_run_ends(page, must_run, RUN_TIMEOUT_S)
+        save_evidence(page, expected, out)
+        problems = page_problems(expected, cells)
+        if expected.has_slider and not problems:
+            problems += slider_problems(page, expected, cells, out)
+        assert not problems, (f"{notebook.name} in JupyterLab (screenshots in {out}):\n- "
+                              + "\n- ".join(problems))
+    except BaseException:
+        save_failure_screenshots(page, out)
+        raise
+    finally:
+        (out / "browser_console.log").write_text("\n".join(console))
+        shut_down_kernels(lab.url)  # its launched workers end with it
+        context.close()
+
