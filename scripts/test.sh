@@ -17,6 +17,13 @@ if [ "$what" != "--notebooks" ]; then
   echo "== lint (ruff)"
   ruff check course_lib tests scripts || status=1
   echo "== unit tests"
+  chromium="${COURSE_CHROMIUM:-/usr/bin/chromium}"
+  if [ -x "$chromium" ]; then
+    echo "[browser] $chromium found: the JupyterLab browser test (tests/browser) runs with them"
+  else
+    echo "[browser] SKIPPED: no Chromium at $chromium, so the JupyterLab browser test does not" \
+         "run (apt-get install chromium, or set COURSE_CHROMIUM)"
+  fi
   python -m pytest tests -q -p no:cacheprovider || status=1
 fi
 
