@@ -55,8 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def one_step(model, micro_batches, total_tokens) -> None:
-    """One accumulated step: backward on each micro-batch, the graph freed each time."""
-    model.zero_grad(set_to_none=True)
+    """One accumulated step: backward on each micro-batch, the graph freed each time.
+
+    Gradients are zeroed in place, not freed: their buffers are part of the model's fixed
+    memory (counted apart), so the peak measured above the step's start is activations."""
+    model.zero_grad(set_to_none=False)
     for mb in micro_batches:
         loss = sum_token_loss(model(mb.inputs), mb.targets)
         scale_by_global_tokens(loss, total_tokens).backward()  # mean over the global batch
