@@ -67,15 +67,16 @@ def _weighted_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[f
 
 
 def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
-    """Fit ``seconds ~ alpha + beta x nbytes`` by least squares on *relative* errors.
+    """Fit ``seconds ~ alpha + beta x nbytes`` by weighted least squares.
 
-    Plain least squares would listen only to the largest (slowest) messages; weighting each
-    point by 1 / time^2 makes a 10 % miss count the same at 8 bytes and at 8 MB. A negative
-    intercept (noise) is not a latency: alpha is then 0 and beta is refitted through 0.
+    Plain least squares listens only to the largest (slowest) messages, and least squares on
+    relative errors only to the many small ones. Dividing each squared miss by the measured
+    time sits between the two: both ends count. A negative intercept (noise) is not a
+    latency: alpha is then 0 and beta is refitted through 0.
     """
     _check_measurements(nbytes, seconds)
     xs, ys = [float(n) for n in nbytes], [float(t) for t in seconds]
-    ws = [1.0 / (t * t) for t in ys]  # relative error: (y - fit) / y, squared
+    ws = [1.0 / t for t in ys]  # a miss of d seconds counts d^2 / t
     alpha, beta = _weighted_line(xs, ys, ws)
     if alpha < 0:
         alpha = 0.0  # through the origin: beta = sum w x y / sum w x^2
@@ -129,3 +130,53 @@ def ring_bytes_fraction(world_size: int) -> float:
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
     return 2 * (world_size - 1) / world_size
+
+
+def plot_fit(nbytes: Sequence[float], measured: dict[str, Sequence[float]], model: AlphaBeta,
+             title: str = "one message: measured and alpha + beta x n"):
+    """Measured times (one series per label) and the fitted line, on log-log axes."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    for (label, times), marker in zip(measured.items(), "os^", strict=False):
+        ax.loglog(nbytes, times, marker, ls="", ms=5, label=label)
+    grid = [min(nbytes) * (max(nbytes) / min(nbytes)) ** (i / 50) for i in range(51)]
+    ax.loglog(grid, [model.time_s(n) for n in grid], "-", color="black", lw=1,
+              label="fit: alpha + beta x n")
+    ax.axvline(model.half_bandwidth_bytes, color="grey", ls=":", lw=1,
+               label="alpha = beta x n")
+    ax.set(xlabel="message size (bytes)", ylabel="seconds, one way", title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_benchmark(runs: dict[int, list[dict]], model: AlphaBeta,
+                   algorithms: Sequence[str] = ("naive", "ring", "torch")):
+    """One panel per world size: measured all-reduce times (markers) and the model (lines).
+
+    ``runs[world_size]`` holds rows ``{"algorithm", "bytes", "median_s"}``; "torch" has no
+    prediction (its algorithm is Gloo's or NCCL's choice).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 3.6), sharey=True,
+                             squeeze=False)
+    colours = {"naive": "tab:red", "ring": "tab:blue", "recursive_doubling": "tab:green",
+               "torch": "black"}
+    for ax, (world, rows) in zip(axes[0], sorted(runs.items()), strict=True):
+        for name in algorithms:
+            mine = sorted((r["bytes"], r["median_s"]) for r in rows if r["algorithm"] == name)
+            if not mine:
+                continue
+            sizes = [b for b, _ in mine]
+            ax.loglog(sizes, [t for _, t in mine], "o", color=colours.get(name), ms=5,
+                      label=f"{name} measured")
+            if name in ALGORITHMS:
+                ax.loglog(sizes, [predict_all_reduce_s(model, name, b, world) for b in sizes],
+                          "--", color=colours.get(name), lw=1, label=f"{name} model")
+        ax.set(xlabel="tensor size (bytes)", title=f"{world} processes")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("seconds per all-reduce")
+    fig.tight_layout()
+    return fig

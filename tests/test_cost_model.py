@@ -27,8 +27,8 @@ def test_fit_recovers_an_exact_line():
     assert max(abs(e) for e in relative_errors(model, SIZES, times)) < 1e-9
 
 
-def test_fit_listens_to_small_messages_too():
-    """10 % noise on every point: a relative fit keeps alpha close; a plain one would not."""
+def test_noisy_fit_keeps_both_ends():
+    """10 % noise on every point: alpha (small messages) and beta (large ones) stay close."""
     alpha, beta = 50e-6, 1 / 2e9
     noise = [1.1, 0.9, 1.1, 0.9, 1.1, 0.9]
     times = [(alpha + beta * n) * k for n, k in zip(SIZES, noise, strict=True)]

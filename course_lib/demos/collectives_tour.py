@@ -29,6 +29,15 @@ ROOT = 0  # the rank that broadcast sends from and reduce collects to
 reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+MEANINGS = {
+    "broadcast": "every rank gets the root's tensor",
+    "reduce": "the root gets the element-wise sum; other buffers are left unspecified",
+    "all_reduce": "every rank gets the element-wise sum",
+    "all_gather": "every rank gets every rank's piece, in rank order",
+    "reduce_scatter": "rank r gets chunk r of the element-wise sum",
+}
+
+
 def start_values(rank: int, world_size: int) -> list[float]:
     """What rank ``rank`` holds before each collective: one number per chunk."""
     return [float(10 * rank + c) for c in range(world_size)]
@@ -59,6 +68,21 @@ def expected_after(name: str, before: list[list[float]], root: int = ROOT) -> li
     if name == "reduce_scatter":
         return [[sums[r]] for r in range(n)]  # rank r gets the sum of chunk r only
     raise ValueError(f"unknown collective {name!r}; pick one of {COLLECTIVES}")
+
+
+def format_values(values: list[float] | None) -> str:
+    return "(unspecified)" if values is None else "[" + ", ".join(f"{v:g}" for v in values) + "]"
+
+
+def describe_collective(name: str, entry: dict) -> list[str]:
+    """Who holds what before and after, as lines of text (rank by rank)."""
+    root = f" (root {entry['root']})" if entry["root"] is not None else ""
+    lines = [f"{name}{root}: {MEANINGS[name]}",
+             f"  {'rank':6s}{'before':22s}{'after':22s}correct"]
+    for r, (before, after, ok) in enumerate(zip(entry["before"], entry["after"], entry["ok"],
+                                                strict=True)):
+        lines.append(f"  {r:<6d}{format_values(before):22s}{format_values(after):22s}{ok}")
+    return lines
 
 
 def run_collective(name: str, w: Worker) -> list[float] | None:
