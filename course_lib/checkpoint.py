@@ -109,5 +109,5 @@ def load_checkpoint(directory: str) -> dict | None:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise RuntimeError(f"{path} cannot be read ({type(e).__name__}: {e}); delete it to "
-                           "start over, or point --checkpoint-dir at another run") from None
+        raise RuntimeError(f"{path} cannot be read ({type(e).__name__}); delete it to start "
+                           "over, or point --checkpoint-dir at another run") from e
