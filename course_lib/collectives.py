@@ -61,6 +61,7 @@ class Peers:
     rank: int  # this rank's index in the group
     world_size: int  # number of ranks in the group
     counter: ByteCounter | None  # adds up what this rank sends, or None
+    batch: bool  # start a send and a receive as one batch (NCCL needs it; Gloo does not)
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -84,17 +85,22 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
 def start_messages(peers: Peers, send: tuple | None = None, recv: tuple | None = None) -> list:
     """Start a send ``(tensor, to_rank)`` and a receive ``(tensor, from_rank)`` together.
 
-    Empty tensors are skipped (both ends know the sizes). Batching the pair matters on NCCL,
-    where a lone receive posted before a send to the same peer would wait for ever.
+    Empty tensors are skipped (both ends know the sizes). On NCCL the pair goes out as one
+    batch: a lone receive posted before a send to the same peer would wait for ever. Gloo's
+    ``batch_isend_irecv`` only calls ``isend``/``irecv`` in turn, so we call them directly.
     """
     ops = []
     if send is not None and send[0].numel() > 0:
-        ops.append(dist.P2POp(dist.isend, send[0], group=peers.group, group_peer=send[1]))
+        ops.append((dist.isend, send[0], send[1]))
         if peers.counter is not None:
             peers.counter.add(send[0])
     if recv is not None and recv[0].numel() > 0:
-        ops.append(dist.P2POp(dist.irecv, recv[0], group=peers.group, group_peer=recv[1]))
-    return dist.batch_isend_irecv(ops) if ops else []
+        ops.append((dist.irecv, recv[0], recv[1]))
+    if peers.batch and ops:
+        return dist.batch_isend_irecv([dist.P2POp(op, tensor, group=peers.group, group_peer=peer)
+                                       for op, tensor, peer in ops])
+    return [dist.isend(t, group=peers.group, group_dst=peer) if op is dist.isend
+            else dist.irecv(t, group=peers.group, group_src=peer) for op, t, peer in ops]
 
 
 def wait_all(works: list) -> None:
@@ -102,14 +108,20 @@ def wait_all(works: list) -> None:
         work.wait()
 
 
-def _in_place(name: str, tensor: torch.Tensor, group, counter, algorithm, **options):
-    """Check the inputs, run ``algorithm(flat, peers)`` on a contiguous 1-D view, copy back."""
+def _in_place(name: str, tensor: torch.Tensor, group=None, counter=None, *, algorithm,
+              batch: bool | None = None, **options):
+    """Check the inputs, run ``algorithm(flat, peers)`` on a contiguous 1-D view, copy back.
+
+    ``batch``: send pairs with ``batch_isend_irecv`` (None: only where the backend needs it).
+    """
     check_tensor(tensor, name)
     group, rank, world_size = resolve_group(group)
     if world_size == 1:
         return tensor  # the sum over one rank is the tensor itself
     check_same_signature(tensor, group, rank, world_size, name)
-    peers = Peers(group, rank, world_size, counter)
+    if batch is None:
+        batch = dist.get_backend(group) != "gloo"
+    peers = Peers(group, rank, world_size, counter, batch)
     with torch.no_grad():
         contiguous = tensor.is_contiguous()
         flat = tensor.view(-1) if contiguous else tensor.contiguous().view(-1)  # (numel,)
@@ -122,7 +134,7 @@ def _in_place(name: str, tensor: torch.Tensor, group, counter, algorithm, **opti
 
 def naive_all_reduce(tensor: torch.Tensor, group=None, counter: ByteCounter | None = None):
     """Gather every tensor on rank 0, add them there, send the sum back. In place; returns it."""
-    return _in_place("naive_all_reduce", tensor, group, counter, _naive)
+    return _in_place("naive_all_reduce", tensor, group, counter, algorithm=_naive)
 
 
 def _naive(flat: torch.Tensor, peers: Peers) -> None:
@@ -143,7 +155,7 @@ def _naive(flat: torch.Tensor, peers: Peers) -> None:
 def ring_all_reduce(tensor: torch.Tensor, group=None, counter: ByteCounter | None = None,
                     *, slice_bytes: int = SLICE_BYTES):
     """Reduce-scatter then all-gather round a ring. In place; returns ``tensor``."""
-    return _in_place("ring_all_reduce", tensor, group, counter, _ring_all_reduce,
+    return _in_place("ring_all_reduce", tensor, group, counter, algorithm=_ring_all_reduce,
                      slice_bytes=slice_bytes)
 
 
@@ -153,14 +165,14 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None, counter: ByteCounter |
 
     The other chunks hold partial sums. In place; returns ``tensor``.
     """
-    return _in_place("ring_reduce_scatter", tensor, group, counter, _reduce_scatter,
+    return _in_place("ring_reduce_scatter", tensor, group, counter, algorithm=_reduce_scatter,
                      slice_bytes=slice_bytes)
 
 
 def ring_all_gather(tensor: torch.Tensor, group=None, counter: ByteCounter | None = None,
                     *, slice_bytes: int = SLICE_BYTES):
     """Rank r's chunk r is final; fill every other chunk from its owner. In place; returns it."""
-    return _in_place("ring_all_gather", tensor, group, counter, _all_gather,
+    return _in_place("ring_all_gather", tensor, group, counter, algorithm=_all_gather,
                      slice_bytes=slice_bytes)
 
 
@@ -233,7 +245,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, group=None,
                                   counter: ByteCounter | None = None):
     """Swap and add with rank XOR 1, 2, 4, ...; extra ranks fold in first. In place; returns."""
     return _in_place("recursive_doubling_all_reduce", tensor, group, counter,
-                     _recursive_doubling)
+                     algorithm=_recursive_doubling)
 
 
 def _recursive_doubling(flat: torch.Tensor, peers: Peers) -> None:

@@ -17,8 +17,9 @@ from course_lib.collectives import ByteCounter, chunk_bounds, ring_all_reduce
 from course_lib.launch import launch
 
 WORLD_SIZES = [1, 2, 3, 4]
-RING_LIKE = ("ring", "ring_halves", "ring_small_slices", "ring_tiny_slices")
-ALL_ALGORITHMS = (*RING_LIKE, "naive", "recursive_doubling")
+RING_LIKE = ("ring", "ring_halves", "ring_small_slices", "ring_tiny_slices", "ring_batched")
+DOUBLING = ("recursive_doubling", "recursive_doubling_batched")
+ALL_ALGORITHMS = (*RING_LIKE, *DOUBLING, "naive")
 
 
 @pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda n: f"world{n}")
@@ -134,7 +135,9 @@ def test_naive_and_recursive_doubling_byte_counts(report):
         nbytes = e["numel"] * e["element_size"]
         expected = 0 if n == 1 else ((n - 1) * nbytes if rank == 0 else nbytes)
         assert e["bytes_sent"] == expected, f"naive {e['case']} rank {rank}"
-    for rank, e in entries(report, "all_reduce", algorithm="recursive_doubling"):
+    doubling = [(rank, e) for rank, e in entries(report, "all_reduce") if e["algorithm"]
+                in DOUBLING]
+    for rank, e in doubling:
         nbytes = e["numel"] * e["element_size"]
         rounds = int(math.log2(power)) if rank < power else 0
         folds = 1 if (rank >= power or rank + power < n) else 0  # fold in, or send the result

@@ -19,6 +19,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from course_lib import collectives
 from course_lib.collectives import (
     ByteCounter,
     naive_all_reduce,
@@ -43,6 +44,12 @@ ALGORITHMS = {
     "ring_small_slices": partial(ring_all_reduce, slice_bytes=1000),  # ~10 slices per chunk
     "ring_tiny_slices": partial(ring_all_reduce, slice_bytes=4),  # one element per slice
     "recursive_doubling": recursive_doubling_all_reduce,
+    # the path NCCL takes (send and receive as one batch_isend_irecv), tried here on Gloo
+    "ring_batched": partial(collectives._in_place, "ring_all_reduce",
+                            algorithm=collectives._ring_all_reduce, batch=True, slice_bytes=1000),
+    "recursive_doubling_batched": partial(collectives._in_place,
+                                          "recursive_doubling_all_reduce",
+                                          algorithm=collectives._recursive_doubling, batch=True),
 }
 TINY_SLICES_MAX_NUMEL = 64  # one message per element: only on small tensors, for test speed
 
