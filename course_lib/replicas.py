@@ -124,8 +124,13 @@ def train_replicas(model: nn.Module, batches, world_size: int, lr: float,
 
 
 def train_single(model: nn.Module, batches, lr: float | Sequence[float],
-                 loss_fn: Callable = F.cross_entropy) -> tuple[nn.Module, list[float]]:
-    """Plain big-batch SGD on a copy of ``model``; ``lr`` may be a list (one per step)."""
+                 loss_fn: Callable = F.cross_entropy,
+                 evaluate: Callable[[nn.Module], float] | None = None):
+    """Plain big-batch SGD on a copy of ``model``; ``lr`` may be a list (one per step).
+
+    Returns (the trained copy, one loss per step): each batch's loss before its step, or
+    ``evaluate(model)`` after each step when given (e.g. the loss on the whole data set).
+    """
     model = copy.deepcopy(model)
     rates = [lr] * len(batches) if isinstance(lr, (int, float)) else list(lr)
     optimizer = torch.optim.SGD(model.parameters(), lr=rates[0])
@@ -137,7 +142,11 @@ def train_single(model: nn.Module, batches, lr: float | Sequence[float],
         loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
-        losses.append(loss.item())
+        if evaluate is None:
+            losses.append(loss.item())
+        else:
+            with torch.no_grad():
+                losses.append(float(evaluate(model)))
     return model, losses
 
 
