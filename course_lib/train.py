@@ -58,7 +58,7 @@ from course_lib.worker import Worker, print0, seed_everything, worker
 
 
 def build(config: TrainConfig, w: Worker):
-    """Model (same weights on every rank), its synchroniser and the optimizer."""
+    """The model (the same weights on every rank: drawn from the seed) and its optimizer."""
     shape = TransformerConfig(len(VOCAB), input_length(config.max_digits), config.d_model,
                               config.n_heads, config.n_layers, config.dropout)
     model = make_transformer(shape, seed=config.seed, dtype=config.torch_dtype,
@@ -118,12 +118,13 @@ def train_step(step: int, config: TrainConfig, w: Worker, sync, optimizer) -> di
             "lr": optimizer.param_groups[0]["lr"]}
 
 
-def replicas_equal(model, w: Worker) -> bool:
-    """All-gather a hash of every rank's parameters: True when all are bitwise equal."""
+def replica_checksums(model, w: Worker) -> list[str]:
+    """Every rank's parameter hash (all-gathered): all equal when the replicas are bitwise
+    equal."""
     mine = torch.tensor(int(parameter_checksum(model)[:15], 16), device=w.device)
     every = [torch.zeros_like(mine) for _ in range(w.world_size)]
     dist.all_gather(every, mine, group=w.group)
-    return all(int(x) == int(mine) for x in every)
+    return [f"{int(x):015x}" for x in every]
 
 
 def log_every(config: TrainConfig) -> int:
@@ -166,11 +167,12 @@ def train(config: TrainConfig, w: Worker, name: str) -> dict:
     print0(w, f"training {config.task} on {w.world_size} process(es), {w.backend}, sync "
               f"{name}: global batch {config.global_batch_for(w.world_size)} = "
               f"{w.world_size} x {config.accum_steps} x {config.micro_batch_for(w.world_size)}")
-    records, equal, start = [], True, time.perf_counter()
+    records, checksums, equal, start = [], [], True, time.perf_counter()
     for step in range(done + 1, last + 1):
         began = time.perf_counter()
         record = train_step(step, config, w, sync, optimizer)
-        equal = replicas_equal(model, w) and equal
+        checksums = replica_checksums(model, w)
+        equal = equal and len(set(checksums)) == 1
         if w.device.type == "cuda":
             torch.cuda.synchronize(w.device)
         record["step_time_s"] = time.perf_counter() - began
@@ -187,10 +189,11 @@ def train(config: TrainConfig, w: Worker, name: str) -> dict:
     sync.close()
     print0(w, f"[time] {len(records)} steps in {seconds:.2f} s "
               f"({len(records) / max(seconds, 1e-9):.1f} steps/s)")
-    return summarise(config, w, name, model, records, equal, done, sync.report())
+    report = {"replica_checksums": checksums, **sync.report()}
+    return summarise(config, w, name, model, records, equal, done, report)
 
 
-def summarise(config, w, name, model, records, equal, done, sync_report) -> dict:
+def summarise(config, w, name, model, records, equal, done, report) -> dict:
     """The result rank 0 hands back: enough to compare runs split in different ways."""
     flat = parameter_vector(model).double().cpu()
     result = {
@@ -203,7 +206,7 @@ def summarise(config, w, name, model, records, equal, done, sync_report) -> dict
         "param_checksum": parameter_checksum(model),
         "param_summary": {"numel": flat.numel(), "sum": float(flat.sum()),
                           "norm": float(flat.norm())},
-        **sync_report,
+        **report,
     }
     if config.result_params:
         result["params"] = flat.tolist()
