@@ -248,6 +248,21 @@ def summarise_case(case: Case, logs: list[str], exit_codes: list, stopped: list[
             "connection_lost": bool(re.search(r"Connection (reset|closed)", text))}
 
 
+def diagnosis(summary: dict) -> str:
+    """What the messages of one case let you conclude, in a few words."""
+    if summary["finished"]:
+        return "finished"
+    if summary["names_collective"]:
+        return "mismatched collective named"
+    if summary["blamed_ranks"]:
+        return f"rank {', '.join(map(str, summary['blamed_ranks']))} named as missing"
+    if summary["connection_lost"]:
+        return "connection lost, no rank named"
+    if summary["timed_out"]:
+        return "timed out, no rank named"
+    return "failed, no rank named"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--failure", choices=FAILURES, default="none", help="what goes wrong")
@@ -265,8 +280,7 @@ def main(argv=None) -> None:
 
     results = run_lab()
     for r in results:
-        print(f"{r['failure']:>14} {r['setting']:>9}: raised on ranks {r['raised_ranks']}, "
-              f"{r['first_error'][:100]}", flush=True)
+        print(f"{r['failure']:>14} {r['setting']:>9}: {diagnosis(r)}", flush=True)
     save_result(results)
 
 

@@ -1,0 +1,108 @@
+"""ZeRO-1 (course_lib.zero): equal to plain data parallelism, 1/N of the optimizer state per
+rank, exactly one all-reduce's bytes; one 4-process run covers group sizes 1, 2, 3 and 4."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib.collectives import chunk_bounds
+from course_lib.launch import launch
+from course_lib.models import count_parameters, make_transformer
+from course_lib.zero import Zero1, flatten_into_views, state_bytes
+
+
+def test_parameters_become_views_of_one_flat_buffer():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # small
+    before = [p.detach().clone() for p in model.parameters()]
+    flat = flatten_into_views(list(model.parameters()))
+    assert flat.numel() == sum(p.numel() for p in before)
+    for p, old in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, old)
+    flat.zero_()  # writing the buffer writes the parameters
+    assert all(bool((p == 0).all()) for p in model.parameters())
+
+
+def test_mixed_dtypes_are_refused_with_what_to_do():
+    params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2).double())]
+    with pytest.raises(ValueError, match="one dtype and device"):
+        flatten_into_views(params)
+
+
+def test_state_bytes_counts_adam_moments_and_steps():
+    p = torch.nn.Parameter(torch.zeros(10))
+    opt = torch.optim.AdamW([p])
+    assert state_bytes(opt) == 0  # AdamW makes its state at the first step
+    p.grad = torch.ones(10)
+    opt.step()
+    assert state_bytes(opt) == 10 * 4 * 2 + 4  # exp_avg, exp_avg_sq (fp32) and a step count
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_rank_is_plain_adamw_bit_for_bit(one_process_group):
+    plain, sharded = make_transformer(seed=0), make_transformer(seed=0)
+    opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    zero = Zero1(sharded.parameters(), one_process_group, torch.optim.AdamW, lr=1e-2)
+    x = torch.randint(0, 10, (4, 8))  # small for test speed
+    for _ in range(3):
+        plain(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sharded(x).square().mean().backward()
+        zero.step()
+        zero.zero_grad()
+    for a, b in zip(plain.parameters(), sharded.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert zero.owned() == (0, count_parameters(plain))
+
+
+@pytest.fixture(scope="module")
+def run():
+    return launch("course_lib.demos.zero_demo", nproc=4, args=["--sizes", "1,2,3,4"],
+                  timeout_s=240, quiet=True)
+
+
+@pytest.mark.slow
+def test_zero1_matches_plain_data_parallelism(run):
+    assert sorted(run.result["by_size"]) == ["1", "2", "3", "4"]
+    for size, ranks in run.result["by_size"].items():
+        assert [r["rank"] for r in ranks] == list(range(int(size)))
+        for r in ranks:
+            assert r["params_close"], (size, r["rank"], r["max_difference"])
+            assert r["max_difference"] < 1e-5
+
+
+@pytest.mark.slow
+def test_each_rank_keeps_only_its_chunk_of_the_optimizer_state(run):
+    numel = count_parameters(make_transformer(seed=0))
+    tensors = len(list(make_transformer(seed=0).parameters()))
+    for size, ranks in run.result["by_size"].items():
+        bounds = chunk_bounds(numel, int(size))
+        for r in ranks:
+            start, end = bounds[r["rank"]]
+            assert r["owned"] == [start, end]
+            assert r["zero_state_bytes"] == (end - start) * 8 + 4  # 2 fp32 moments + step
+            assert r["plain_state_bytes"] == numel * 8 + tensors * 4  # every rank, all of it
+        assert sum(r["zero_state_bytes"] - 4 for r in ranks) == numel * 8  # no overlap
+    one = run.result["by_size"]["1"][0]["zero_state_bytes"]
+    four = max(r["zero_state_bytes"] for r in run.result["by_size"]["4"])
+    assert four <= one / 4 + 8  # a quarter, give or take one element of rounding
+
+
+@pytest.mark.slow
+def test_zero1_sends_exactly_one_all_reduce(run):
+    numel = count_parameters(make_transformer(seed=0))
+    for size, ranks in run.result["by_size"].items():
+        n = int(size)
+        for r in ranks:
+            assert r["zero_bytes_sent_per_step"] == r["ring_all_reduce_bytes"]
+            expected = 2 * (n - 1) * numel * 4 / n  # the ring's 2(N-1)/N law
+            assert abs(r["zero_bytes_sent_per_step"] - expected) <= 2 * (n - 1) * 4
