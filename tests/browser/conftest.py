@@ -7,7 +7,6 @@ binary can be named with ``COURSE_CHROMIUM``). Both are always stopped at the en
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -33,9 +32,9 @@ def chromium() -> str:
 
 @pytest.fixture(scope="session")
 def artifacts(request, chromium) -> Path:
-    """test-artifacts/browser/, emptied; its path is printed at the end of the run."""
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True)
+    """test-artifacts/browser/ (each notebook's folder is emptied by its test); its path is
+    printed at the end of the run."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     request.config.stash[ARTIFACTS_SHOWN] = ARTIFACTS
     return ARTIFACTS
 
@@ -49,7 +48,8 @@ def lab(artifacts, tmp_path_factory):
     try:
         yield server
     finally:
-        stop_lab(server)
+        left = stop_lab(server)
+        assert not left, f"still running after JupyterLab was stopped: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -145,24 +145,40 @@ def settled_fingerprint(page: Page, index: int, before: str, timeout_s: float) -
 
 
 def move_first_slider(page: Page, index: int, timeout_s: float = 30) -> tuple[str, str, str]:
-    """Move the first slider of cell ``index`` one step; return (before, after, how).
+    """Move the first slider of cell ``index``; return (output before, output after, how).
 
     First with the keyboard (focus the handle, press an arrow), then, if the output did not
-    change, by dragging the handle with the mouse.
+    change, by dragging the handle with the mouse. A widget that waits for a button (a long
+    run behind "Run Interact") gets the button clicked after each move.
     """
-    handle = cell(page, index).locator(".widget-slider .noUi-handle").first
+    area = cell(page, index)
+    handle = area.locator(".widget-slider .noUi-handle").first
+    buttons = area.locator("button.jupyter-button")
     handle.scroll_into_view_if_needed()
     before = output_fingerprint(page, index)
     at_end = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+    after, how = before, "nothing"
+    for how, move in (("keyboard", lambda: press_arrow(page, handle, at_end)),
+                      ("mouse drag", lambda: drag(page, handle, -60 if at_end else 60))):
+        move()
+        if buttons.count():
+            buttons.first.click()
+            how += " and a button click"
+        after = settled_fingerprint(page, index, before, timeout_s)
+        if after != before:
+            break
+    return before, after, how
+
+
+def press_arrow(page: Page, handle: Locator, at_end: bool) -> None:
     handle.focus()
-    page.keyboard.press("ArrowLeft" if at_end else "ArrowRight")
-    after = settled_fingerprint(page, index, before, timeout_s)
-    if after != before:
-        return before, after, "keyboard"
+    page.keyboard.press("ArrowLeft" if at_end else "ArrowRight")  # one step of the slider
+
+
+def drag(page: Page, handle: Locator, dx: float) -> None:
     box = handle.bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     page.mouse.move(x, y)
     page.mouse.down()
-    page.mouse.move(x + (-60 if at_end else 60), y, steps=6)
+    page.mouse.move(x + dx, y, steps=6)
     page.mouse.up()
-    return before, settled_fingerprint(page, index, before, timeout_s), "mouse drag"

@@ -151,8 +151,8 @@ def shut_down_kernels(url: str) -> None:
         pass  # the server is gone already; stop_lab ends whatever is left
 
 
-def stop_lab(server: LabServer, grace_s: float = 10) -> None:
-    """Stop kernels, then the server, then anything it started that is still alive."""
+def stop_lab(server: LabServer, grace_s: float = 10) -> list[psutil.Process]:
+    """Stop kernels, then the server, then anything it started; return what survived."""
     shut_down_kernels(server.url)
     try:
         family = [psutil.Process(server.process.pid)]
@@ -175,3 +175,4 @@ def stop_lab(server: LabServer, grace_s: float = 10) -> None:
         _, still = psutil.wait_procs(alive, timeout=3)
         if not still:
             break
+    return [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
