@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from course_lib.launch_child import write_json_atomic
-from course_lib.launch_output import Progress, RankLogs, failed_rank, stop_process_tree
+from course_lib.launch_output import Progress, RankLogs, RankWatch, stop_process_tree
 
 RESULT_ENV = "COURSE_RESULT_PATH"
 PROGRESS_ENV = "COURSE_PROGRESS_PATH"
@@ -176,13 +177,15 @@ def _run_once(run_dir, target, nproc, args, timeout_s, env, port, quiet, progres
         agent = subprocess.Popen(cmd, stdout=agent_log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, env=child_env(run_dir, env),
                                  start_new_session=True)  # our Ctrl-C is handled by us
+    watch = RankWatch(run_dir, nproc)
     failure_seen_at = None
     try:
         while agent.poll() is None:
             time.sleep(0.05)
             logs.pump()
             bar.update()
-            if failure_seen_at is None and failed_rank(run_dir, agent_log_path) is not None:
+            watch.poll()
+            if failure_seen_at is None and watch.failure(agent_log_path) is not None:
                 failure_seen_at = time.monotonic()
             if failure_seen_at is not None and time.monotonic() - failure_seen_at > 5:
                 break  # a rank failed and torchrun has not ended the others: we do
@@ -199,7 +202,7 @@ def _run_once(run_dir, target, nproc, args, timeout_s, env, port, quiet, progres
     bar.close()
     elapsed = time.monotonic() - start
     code = agent.returncode if agent.returncode is not None else 1
-    rank = failed_rank(run_dir, agent_log_path)
+    rank = watch.failure(agent_log_path)
     if code != 0 or rank is not None:
         agent_text = open(agent_log_path, errors="replace").read()
         if logs.empty() and any(s in agent_text for s in ADDRESS_IN_USE):
@@ -229,8 +232,21 @@ def _failure_message(target: str, rank, logs: RankLogs, agent_text: str) -> str:
         tail = "\n".join(agent_text.strip().splitlines()[-15:])
         return f"{target} failed before any rank reported an error; torchrun said:\n{tail}"
     rank_id, code = rank
-    return (f"rank {rank_id} failed (exit code {code}) in {target}; every process was "
-            f"stopped. Last lines of rank {rank_id}:\n{logs.tails([rank_id])}")
+    if code is None:
+        how = "ended without reporting why (killed from outside?)"
+    elif code < 0:
+        how = f"was killed by signal {-code} ({_signal_name(-code)})"
+    else:
+        how = f"failed (exit code {code})"
+    return (f"rank {rank_id} {how} in {target}; every process was stopped. "
+            f"Last lines of rank {rank_id}:\n{logs.tails([rank_id])}")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -94,6 +94,8 @@ def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     die_with_parent()
     rank = int(os.environ.get("RANK", "0"))
     redirect_output(os.path.join(run_dir, f"rank{rank}.log"))
+    with open(os.path.join(run_dir, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))  # lets the launcher notice a rank killed by a signal
     exit_path = os.path.join(run_dir, f"rank{rank}.exit")
     code, error = 0, None
     try:

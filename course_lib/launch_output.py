@@ -134,35 +134,95 @@ def _make_widget():
     return bar
 
 
-def failed_rank(run_dir: str, agent_log_path: str):
-    """``(rank, exit_code)`` of the first rank that failed, or None while none has.
+# Errors a rank raises because ANOTHER rank died: the culprit is elsewhere.
+SECONDARY_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "remote worker crash", "NCCL communicator was aborted")
 
-    A rank that raised or exited non-zero wrote ``rank{R}.exit``; a rank killed by a signal
-    wrote nothing, and torchrun's report names it as the root cause.
-    """
-    failures = []
-    for path in glob.glob(os.path.join(run_dir, "rank*.exit")):
-        try:
-            with open(path) as f:
-                info = json.load(f)
-        except (json.JSONDecodeError, OSError):
-            continue
-        if info.get("code", 0) != 0:
-            failures.append((info.get("time", 0), info["rank"], info["code"]))
-    if failures:
-        _, rank, code = min(failures)
-        return rank, code
+
+class RankWatch:
+    """Which rank failed first: one that raised or exited non-zero (it wrote ``rank{R}.exit``),
+    or one killed by a signal (its process vanished without writing it)."""
+
+    def __init__(self, run_dir: str, nproc: int):
+        self.run_dir, self.nproc = run_dir, nproc
+        self.vanished: dict[int, float] = {}  # rank -> when its process was first seen gone
+        self.finished: set[int] = set()
+
+    def _path(self, rank: int, kind: str) -> str:
+        return os.path.join(self.run_dir, f"rank{rank}.{kind}")
+
+    def poll(self) -> None:
+        """Look at every rank's process once; call it often while the run goes on."""
+        for rank in range(self.nproc):
+            if rank in self.vanished or rank in self.finished:
+                continue
+            if os.path.exists(self._path(rank, "exit")):
+                self.finished.add(rank)
+                continue
+            try:
+                with open(self._path(rank, "pid")) as f:
+                    pid = int(f.read().strip() or 0)
+            except (FileNotFoundError, ValueError):
+                continue
+            if pid and not _running(pid) and not os.path.exists(self._path(rank, "exit")):
+                self.vanished[rank] = time.time()
+
+    def _exits(self) -> list[tuple[float, int, int, bool]]:
+        found = []
+        for path in glob.glob(os.path.join(self.run_dir, "rank*.exit")):
+            try:
+                with open(path) as f:
+                    info = json.load(f)
+            except (json.JSONDecodeError, OSError):
+                continue
+            if info.get("code", 0) != 0:
+                secondary = any(s in (info.get("error") or "") for s in SECONDARY_ERRORS)
+                found.append((info.get("time", 0.0), info["rank"], info["code"], secondary))
+        return found
+
+    def failure(self, agent_log_path: str):
+        """``(rank, exit_code)`` of the rank that failed first, or None while none has.
+        ``exit_code`` is negative for a signal (-9: SIGKILL), None when unknown."""
+        exits = self._exits()
+        primary = [(t, r, c) for t, r, c, secondary in exits if not secondary]
+        primary += [(t, r, _agent_exit_code(agent_log_path, r)) for r, t in self.vanished.items()]
+        candidates = primary or [(t, r, c) for t, r, c, _ in exits]
+        if candidates:
+            _, rank, code = min(candidates, key=lambda c: (c[0], c[1]))
+            return rank, code
+        return _agent_root_cause(agent_log_path)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _agent_text(agent_log_path: str) -> str:
     try:
         with open(agent_log_path, errors="replace") as f:
-            agent_text = f.read()
+            return f.read()
     except FileNotFoundError:
-        return None
-    root = agent_text.split("Root Cause", 1)
+        return ""
+
+
+def _agent_exit_code(agent_log_path: str, rank: int):
+    """The exit code torchrun reported for ``rank`` (negative: a signal), or None."""
+    found = re.search(rf"rank\s*:\s*{rank}\b[^\n]*\n\s*exitcode\s*:\s*(-?\d+)",
+                      _agent_text(agent_log_path))
+    return int(found.group(1)) if found else None
+
+
+def _agent_root_cause(agent_log_path: str):
+    """The rank torchrun's own report names as the root cause, or None."""
+    root = _agent_text(agent_log_path).split("Root Cause", 1)
     if len(root) == 2:
         rank = re.search(r"rank\s*:\s*(\d+)", root[1])
         code = re.search(r"exitcode\s*:\s*(-?\d+)", root[1])
         if rank:
-            return int(rank.group(1)), int(code.group(1)) if code else 1
+            return int(rank.group(1)), int(code.group(1)) if code else None
     return None
 
 

@@ -71,6 +71,15 @@ def test_a_rank_that_raises_is_named_and_everything_ends():
     assert_nothing_left(tag)
 
 
+def test_a_rank_killed_by_a_signal_is_named_not_the_peer_it_disconnected():
+    tag = new_tag()
+    with pytest.raises(LaunchError) as err:
+        launch(FAULTS, nproc=3, args=["--mode", "killed", "--rank", "0", "--tag", tag],
+               timeout_s=60, quiet=True)
+    assert str(err.value).startswith("rank 0 was killed by signal 9 (SIGKILL)"), str(err.value)
+    assert_nothing_left(tag)
+
+
 def test_a_hung_rank_is_stopped_after_the_timeout():
     tag = new_tag()
     start = time.monotonic()

@@ -3,13 +3,16 @@
     python -m course_lib.launch --nproc 2 course_lib.demos.faults --mode raise --rank 1
     python -m course_lib.launch --nproc 2 --timeout 10 course_lib.demos.faults --mode hang
 
-Modes: ``raise`` (rank R raises), ``hang`` (rank R never joins the all-reduce the others wait
-in), ``never-start`` (rank R exits before joining the process group), ``sleep`` (every rank
-sleeps ``--seconds``, then all finish). Any world size >= 2 (``sleep`` also 1).
+Modes: ``raise`` (rank R raises), ``killed`` (rank R is killed by SIGKILL), ``hang`` (rank R
+never joins the all-reduce the others wait in), ``never-start`` (rank R exits before joining
+the process group), ``sleep`` (every rank sleeps ``--seconds``, then all finish).
+Any world size >= 2 (``sleep`` also 1).
 ``--tag`` is ignored by the program: tests use it to find the processes afterwards.
 """
 
 import argparse
+import os
+import signal
 import sys
 import time
 
@@ -21,7 +24,8 @@ from course_lib.worker import worker
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=["raise", "hang", "never-start", "sleep"], required=True)
+    p.add_argument("--mode", required=True,
+                   choices=["raise", "killed", "hang", "never-start", "sleep"])
     p.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
     p.add_argument("--seconds", type=float, default=60.0, help="how long 'sleep' sleeps")
     p.add_argument("--tag", default="", help="a marker that tests look for")
@@ -30,8 +34,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    import os
-
     rank = int(os.environ.get("RANK", "0"))
     if args.mode == "never-start" and rank == args.rank:
         print(f"rank {rank} exits before joining the process group", flush=True)
@@ -43,6 +45,8 @@ def main(argv=None) -> None:
             return
         if w.rank == args.rank and args.mode == "raise":
             raise RuntimeError(f"rank {w.rank} fails on purpose")
+        if w.rank == args.rank and args.mode == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)  # dies at once: no exception, no exit code
         if w.rank == args.rank and args.mode == "hang":
             time.sleep(3600)  # never reaches the all-reduce below
         dist.all_reduce(torch.ones(1), group=w.group)  # the others wait here for the culprit
