@@ -169,3 +169,22 @@ def batch_split(world_size: int, accum_steps: int, micro_batch: int):
                  f"x {micro_batch} examples")
     fig.tight_layout()
     return fig
+
+
+def diverging_losses(curves: Mapping[str, Sequence[float]], reference: str,
+                     title: str = "loss per optimizer step"):
+    """Left: every loss curve. Right: each curve's distance from ``reference`` (log scale)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=WIDE)
+    styles = ["-", "--", ":", "-."]
+    for i, (label, values) in enumerate(curves.items()):
+        left.plot(_as_list(values), styles[i % 4], lw=1.8, label=label)
+        if label != reference:
+            gap = [max(abs(a - b), 1e-9) for a, b in zip(values, curves[reference], strict=True)]
+            right.semilogy(gap, styles[i % 4], lw=1.5, label=label, color=f"C{i}")
+    left.set(xlabel="optimizer step", ylabel="loss", title=title)
+    right.set(xlabel="optimizer step", ylabel=f"|loss - {reference}|",
+              title="distance from the reference (floor 1e-9)")
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
