@@ -165,7 +165,7 @@ def draw_grid(ax, labels: list[list[str]], shades: list[list[float]], title: str
 
 
 def draw_ring_step(world_size: int, t: int, ax=None):
-    """The grid after step t; arrows on the chunks that moved in that step."""
+    """The grid after step t; the copies that received a chunk in that step are outlined."""
     state = ring_states(world_size)[t]
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(
         figsize=(1.3 * world_size + 1.5, 0.7 * world_size + 1.2))
@@ -173,11 +173,27 @@ def draw_ring_step(world_size: int, t: int, ax=None):
     shades = [[len(c) / world_size for c in row] for row in state]
     title = "start" if t == 0 else describe_step(world_size, t)[0].split(":")[0]
     draw_grid(ax, labels, shades, title)
-    if t > 0:
+    if t > 0:  # outline the copies that just changed: each received one chunk from the left
         step = ring_schedule(world_size)[t - 1]
-        for r, c in enumerate(step.sends):  # the receiver's cell gets a marker
-            ax.annotate("", xy=(c + 0.85, (r + 1) % world_size + 0.2), xytext=(c + 0.85, r + 0.8),
-                        arrowprops={"arrowstyle": "->", "color": "tab:orange", "lw": 1.5})
+        for r, c in enumerate(step.sends):
+            ax.add_patch(plt.Rectangle((c + 0.04, (r + 1) % world_size + 0.04), 0.92, 0.92,
+                                       fill=False, edgecolor="tab:orange", linewidth=2.5))
+    fig.tight_layout()
+    return fig
+
+
+def draw_ring_steps(world_size: int = 4):
+    """Every step of the ring side by side: the whole algorithm in one picture."""
+    total = 2 * (world_size - 1) + 1
+    cols = min(total, 4)
+    rows = -(-total // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, (0.5 * world_size + 0.9) * rows),
+                             squeeze=False)
+    for t, ax in enumerate(axes.flat):
+        if t < total:
+            draw_ring_step(world_size, t, ax=ax)
+        else:
+            ax.axis("off")
     fig.tight_layout()
     return fig
 

@@ -77,22 +77,28 @@ def one_way_times(w: Worker, nbytes: int, warmup: int, repeats: int) -> list[flo
     return times
 
 
+def measure(w: Worker, sizes: list[int], warmup: int, repeats: int) -> list[dict]:
+    """Every rank calls this; rank 0 returns one row per size (the others an empty list)."""
+    rows = []
+    for i, nbytes in enumerate(sizes):
+        exact = echo_is_exact(w, nbytes)
+        times = one_way_times(w, nbytes, warmup, repeats) if w.rank < 2 else []
+        if w.rank == 0:
+            rows.append({"bytes": nbytes, "median_s": statistics.median(times),
+                         "min_s": min(times), "echo_exact": exact})
+            print(f"[time] {nbytes:>9d} bytes: {statistics.median(times) * 1e6:9.1f} us "
+                  "one way (median)")
+        report_progress(i + 1, len(sizes), "sizes")
+    dist.barrier(group=w.group)  # ranks above 1 wait here for the ping-pong to end
+    return rows
+
+
 def main() -> None:
     args = parse_args()
     with worker(seed=0) as w:
         if w.world_size < 2:
             raise SystemExit("ping-pong needs 2 processes; use --nproc 2")
-        rows = []
-        for i, nbytes in enumerate(args.sizes):
-            exact = echo_is_exact(w, nbytes)
-            times = one_way_times(w, nbytes, args.warmup, args.repeats) if w.rank < 2 else []
-            if w.rank == 0:
-                rows.append({"bytes": nbytes, "median_s": statistics.median(times),
-                             "min_s": min(times), "echo_exact": exact})
-                print(f"[time] {nbytes:>9d} bytes: {statistics.median(times) * 1e6:9.1f} us "
-                      "one way (median)")
-            report_progress(i + 1, len(args.sizes), "sizes")
-        dist.barrier(group=w.group)  # ranks above 1 wait here for the ping-pong to end
+        rows = measure(w, args.sizes, args.warmup, args.repeats)
         print0(w, f"measured {len(rows)} sizes between rank 0 and rank 1")
         save_result({"world_size": w.world_size, "backend": w.backend, "rows": rows})
 

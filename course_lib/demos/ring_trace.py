@@ -2,6 +2,7 @@
 (notebook 06).
 
     python -m course_lib.launch --nproc 4 course_lib.demos.ring_trace
+    python -m course_lib.launch --nproc 4 course_lib.demos.ring_trace --pingpong-sizes 8 4096
 
 Runs on any world size >= 2, on Gloo (CPU) or NCCL (one GPU per process).
 
@@ -12,6 +13,8 @@ Runs on any world size >= 2, on Gloo (CPU) or NCCL (one GPU per process).
 2. bytes: each algorithm's ``ByteCounter`` for tensors whose size N divides and does not.
 3. equal: naive, ring and recursive doubling against ``dist.all_reduce`` on several shapes
    and dtypes; every rank checks its own result.
+4. pingpong (with ``--pingpong-sizes``): rank 0 and rank 1 time one message per size, as
+   ``course_lib.demos.latency_bandwidth`` does, for the cost model (the other ranks wait).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from course_lib.collectives import (
     recursive_doubling_all_reduce,
     ring_all_reduce,
 )
+from course_lib.demos import latency_bandwidth
 from course_lib.launch import save_result
 from course_lib.worker import Worker, print0, worker
 
@@ -119,7 +123,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--numel", type=int, default=None,
                         help="elements of the traced tensor (default 2N + 1: uneven chunks)")
+    parser.add_argument("--pingpong-sizes", type=int, nargs="*", default=[],
+                        help="also time one message of each of these sizes (bytes)")
+    parser.add_argument("--repeats", type=int, default=20, help="ping-pong repeats per size")
     args = parser.parse_args()
+    if any(s < 4 or s % 4 for s in args.pingpong_sizes):
+        parser.error(f"--pingpong-sizes must be multiples of 4 bytes, got {args.pingpong_sizes}")
     with worker(seed=0) as w:
         if w.world_size < 2:
             raise SystemExit("the trace needs at least 2 processes; use --nproc 2 or more")
@@ -127,10 +136,11 @@ def main() -> None:
         trace = trace_ring(w, numel)
         byte_rows = count_bytes(w, [w.world_size * 1000, w.world_size * 1000 + 1])
         equal = compare_with_torch(w)
+        pingpong = latency_bandwidth.measure(w, args.pingpong_sizes, 3, args.repeats)
         print0(w, f"ring traced on {w.world_size} ranks; every comparison with dist.all_reduce "
                   f"true: {all(all(v.values()) for v in equal.values())}")
         save_result({"world_size": w.world_size, "backend": w.backend, "trace": trace,
-                     "bytes": byte_rows, "equal_to_torch": equal})
+                     "bytes": byte_rows, "equal_to_torch": equal, "pingpong": pingpong})
 
 
 if __name__ == "__main__":
