@@ -59,6 +59,9 @@ def test_without_aids_no_message_names_the_culprit_or_the_collective(lab):
         r = lab[(failure, "plain")]
         assert r["blamed_ranks"] == [] and not r["names_collective"], failure
     assert lab[("mismatch", "plain")]["timed_out"]  # the mismatch just waits for the timeout
+    assert diagnosis(lab[("mismatch", "plain")]) == "timed out, no rank named"
+    assert diagnosis(lab[("stuck-rank", "plain")]) == "timed out, no rank named"
+    assert diagnosis(lab[("dead-rank", "plain")]) == "connection lost, no rank named"
     assert lab[("dead-rank", "plain")]["connection_lost"]  # the survivor loses its peer
     assert lab[("dead-rank", "plain")]["raised_ranks"] == [0]  # the dead rank says nothing
 

@@ -52,6 +52,7 @@ BAD_STEP = 1  # the step in which it does
 STEPS = 3  # training steps of the loop
 GRAD_NUMEL = 1000  # size of the "gradient" all-reduced each step
 STUCK_S = 120.0  # how long a stuck rank sleeps: far longer than any timeout here
+DYING_S = 1.0  # a dead rank dies this long into its bad step
 MONITOR_TIMEOUT_S = 2.0  # monitored_barrier waits this long for the late ranks
 LAB_PG_TIMEOUT_S = 3.0  # process-group timeout of every lab case
 LAB_GRACE_S = 2.0  # after a rank of a case fails, the others are stopped this much later
@@ -87,7 +88,8 @@ def misbehave(failure: str, step: int, rank: int, device: torch.device, group) -
     if step != BAD_STEP or rank != CULPRIT:
         return False
     if failure == "dead-rank":
-        os.kill(os.getpid(), signal.SIGKILL)  # gone at once: no traceback, no goodbye
+        time.sleep(DYING_S)  # works on the step a little (the others are waiting by now)...
+        os.kill(os.getpid(), signal.SIGKILL)  # ...then is gone: no traceback, no goodbye
     if failure == "stuck-rank":
         time.sleep(STUCK_S)  # alive but never reaching the next collective
     return failure == "mismatch"
@@ -256,10 +258,10 @@ def diagnosis(summary: dict) -> str:
         return "mismatched collective named"
     if summary["blamed_ranks"]:
         return f"rank {', '.join(map(str, summary['blamed_ranks']))} named as missing"
+    if summary["timed_out"]:  # first: whoever times out first closes the others' sockets
+        return "timed out, no rank named"
     if summary["connection_lost"]:
         return "connection lost, no rank named"
-    if summary["timed_out"]:
-        return "timed out, no rank named"
     return "failed, no rank named"
 
 
