@@ -153,12 +153,12 @@ def shut_down_kernels(url: str) -> None:
 
 def stop_lab(server: LabServer, grace_s: float = 10) -> list[psutil.Process]:
     """Stop kernels, then the server, then anything it started; return what survived."""
-    shut_down_kernels(server.url)
-    try:
+    try:  # the server, its kernels and what they launched, as they are now
         family = [psutil.Process(server.process.pid)]
         family += family[0].children(recursive=True)
     except psutil.NoSuchProcess:
         family = []
+    shut_down_kernels(server.url)
     server.process.send_signal(signal.SIGTERM)  # JupyterLab's own clean shutdown
     try:
         server.process.wait(timeout=grace_s)
@@ -166,7 +166,7 @@ def stop_lab(server: LabServer, grace_s: float = 10) -> list[psutil.Process]:
         server.process.kill()
         server.process.wait(timeout=grace_s)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in family if p.is_running()]
+        alive = [p for p in family if still_running(p)]
         for p in alive:
             try:
                 p.send_signal(sig)
@@ -175,4 +175,11 @@ def stop_lab(server: LabServer, grace_s: float = 10) -> list[psutil.Process]:
         _, still = psutil.wait_procs(alive, timeout=3)
         if not still:
             break
-    return [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in family if still_running(p)]
+
+
+def still_running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
