@@ -110,3 +110,15 @@ def test_loss_grid_matches_point_by_point():
     assert grid.shape == (3, 5)
     torch.testing.assert_close(grid[2, 1], loss_of_w(torch.stack([w1[1], w2[2]])))
     assert gradients.relative_error(torch.zeros(3), torch.zeros(3)) == 0.0
+
+
+def test_scalar_derivative_three_ways():
+    f = lambda w: torch.log1p(torch.exp(-w))  # notebook 01, section 1
+    w = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    by_hand = (torch.sigmoid(w) - 1).detach()
+    eps = 1e-6
+    by_differences = ((f(w + eps) - f(w - eps)) / (2 * eps)).detach()
+    f(w).backward()
+    torch.testing.assert_close(w.grad, by_hand, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(by_differences, by_hand, rtol=1e-8, atol=1e-10)
+    assert f"{by_hand.item():.8f}" == "-0.37754067"
