@@ -56,24 +56,21 @@ class Bucket:
     index: int  # position in launch order: bucket 0 is all-reduced first
     params: list[torch.nn.Parameter]  # in the order they lie in the buffer
     names: list[str]  # their names in the model, for timelines and errors
-    offsets: list[int]  # element offset of each parameter in the buffer
     buffer: torch.Tensor  # (total numel,) the gradients, flat, one after another
+    slots: list[torch.Tensor] = field(default_factory=list)  # views of buffer, one per param
     ready: list[bool] = field(default_factory=list)  # gradient copied in during this step
+    waiting: int = 0  # gradients not yet copied in during this step
 
     @property
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
 
-    def slot(self, i: int) -> torch.Tensor:
-        """The part of the buffer that holds parameter i's gradient, shaped like it."""
-        p = self.params[i]
-        return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()].view(p.shape)
-
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
+        self.waiting = len(self.params)
 
     def complete(self) -> bool:
-        return all(self.ready)
+        return self.waiting == 0
 
     def describe(self) -> dict:
         """A JSON-friendly summary: what is in the bucket and how big it is."""
@@ -92,12 +89,11 @@ def make_buckets(named_params: Sequence[tuple[str, torch.nn.Parameter]],
     buckets = []
     for index, members in enumerate(plan_buckets(sizes, keys, bucket_bytes)):
         params = [todo[i][1] for i in members]
-        offsets, total = [], 0
-        for p in params:
-            offsets.append(total)
-            total += p.numel()
+        total = sum(p.numel() for p in params)
         buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)  # (total,)
-        bucket = Bucket(index, params, [todo[i][0] for i in members], offsets, buffer)
+        pieces = buffer.split([p.numel() for p in params])  # consecutive, (numel_i,) each
+        slots = [piece.view(p.shape) for piece, p in zip(pieces, params, strict=True)]
+        bucket = Bucket(index, params, [todo[i][0] for i in members], buffer, slots)
         bucket.reset()
         buckets.append(bucket)
     return buckets
@@ -109,8 +105,9 @@ def copy_grad_in(bucket: Bucket, i: int, world_size: int) -> None:
     No gradient (the parameter took no part in this rank's forward) counts as zeros, so that
     the bucket is still complete and every rank launches the same collectives.
     """
-    grad = bucket.params[i].grad
-    slot = bucket.slot(i)
+    if bucket.ready[i]:
+        return
+    grad, slot = bucket.params[i].grad, bucket.slots[i]
     if grad is None:
         slot.zero_()
     elif grad.is_sparse:
@@ -119,15 +116,24 @@ def copy_grad_in(bucket: Bucket, i: int, world_size: int) -> None:
     else:
         torch.div(grad, world_size, out=slot)  # the sum over ranks of g / N is the mean
     bucket.ready[i] = True
+    bucket.waiting -= 1
 
 
-def copy_grads_out(bucket: Bucket) -> None:
-    """Write the averaged gradients from the buffer back into each parameter's ``.grad``."""
-    for i, p in enumerate(bucket.params):
-        if p.grad is None:
-            p.grad = bucket.slot(i).clone()  # a copy: the buffer is reused next step
+def copy_grads_out(bucket: Bucket, as_views: bool = False) -> None:
+    """Hand the averaged gradients in the buffer to each parameter's ``.grad``.
+
+    as_views=False: copy them into ``.grad``. as_views=True: ``.grad`` becomes the slot itself,
+    a view of the buffer (no copy; torch DDP's ``gradient_as_bucket_view=True``). The next
+    backward then adds into the buffer, or makes a new ``.grad`` after ``zero_grad()``.
+    """
+    for p, slot in zip(bucket.params, bucket.slots, strict=True):
+        if as_views:
+            if p.grad is not slot:
+                p.grad = slot  # the mean, without a copy
+        elif p.grad is None:
+            p.grad = slot.clone()  # a copy: the buffer is reused next step
         else:
-            p.grad.copy_(bucket.slot(i))
+            p.grad.copy_(slot)
 
 
 def parameters_in_graph(loss: torch.Tensor) -> set[int]:

@@ -28,7 +28,10 @@ Strategies (``STRATEGIES``), from slowest to fastest:
 Buckets are all-reduced with ``torch.distributed.all_reduce(async_op=True)`` (``comm="torch"``,
 the default and the faster one), or with our ``ring_all_reduce`` on one background thread
 (``comm="ring"``). Buckets are launched strictly in order, so every rank issues the same
-collectives in the same order.
+collectives in the same order. ``finish()`` copies the means from the buckets into ``.grad``;
+with ``gradient_as_bucket_view=True`` (as torch DDP allows) each ``.grad`` becomes its slot in
+the bucket instead: one copy less, yet on CPU it measured slower (backward took longer; the
+memory allocator's reuse of the freed gradients is the likely cause), so it is off by default.
 
 A parameter that needs a gradient but got none on this rank (unused in its forward) counts as
 a zero gradient: its bucket still completes and every rank joins every collective. After
@@ -40,8 +43,8 @@ as DDP does) so that its bucket can leave during backward. Parameters with
 ``requires_grad=False`` are left out.
 
 ``gs.timeline`` holds the events of the last synced step (see ``course_lib.timeline``); a
-collective's end is when it completed (a future's callback on CPU; on CUDA the moment the host
-saw it done, in ``finish()``), not when it was launched.
+collective's end is when it completed (seen by a watcher thread on CPU; on CUDA the moment the
+host saw it done, in ``finish()``), not when it was launched.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from torch import nn
 from course_lib import buckets as bk
 from course_lib.buckets import MB, Bucket, copy_grad_in, copy_grads_out, make_buckets
 from course_lib.collectives import ByteCounter, naive_all_reduce, ring_all_reduce
-from course_lib.timeline import Timeline
+from course_lib.timeline import CompletionWatcher, Timeline
 
 STRATEGIES = ("naive", "ring", "allreduce", "bucketed", "overlap")
 PER_PARAMETER = ("naive", "ring", "allreduce")  # one collective per parameter
@@ -77,7 +80,7 @@ class GradSync:
 
     def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None,
                  strategy: str = "ring", bucket_mb: float = 25.0, comm: str = "torch",
-                 find_unused_parameters: bool = False):
+                 find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False):
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; pick one of {STRATEGIES}")
         if comm not in COMMS:
@@ -91,6 +94,7 @@ class GradSync:
         self.model, self.group, self.strategy, self.comm = model, group, strategy, comm
         self.bucket_mb = bucket_mb
         self.find_unused_parameters = find_unused_parameters  # "overlap": look before backward
+        self.gradient_as_bucket_view = gradient_as_bucket_view  # .grad = a view, not a copy
         self.world_size = dist.get_world_size(group)  # needs the process group made first
         self.buckets: list[Bucket] = []
         if strategy in ("bucketed", "overlap"):
@@ -107,6 +111,7 @@ class GradSync:
         self._next_bucket = 0  # buckets launch in order: the next one to launch
         self._in_flight: list[tuple[Bucket, dict, object]] = []
         self._clock = Timeline()
+        self._watcher = CompletionWatcher(self._clock)  # end times of async all-reduces
         self._counter = None
         self.stats: dict = {}
         self.totals = {"backward_calls": 0, "synced_steps": 0, "collectives": 0,
@@ -175,6 +180,7 @@ class GradSync:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        self._watcher.close()
 
     # ---- one step's bookkeeping ----------------------------------------------------------
 
@@ -276,14 +282,11 @@ class GradSync:
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, "ring-bucket")
             future = self._executor.submit(self._ring_in_background, bucket, event)
         else:
-            work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
-            future = work.get_future().then(lambda done: self._mark_end(event, done))
+            future = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+            if bucket.buffer.device.type != "cuda":  # on a GPU, finish() sees the end
+                self._watcher.watch(future, event)
         self._in_flight.append((bucket, event, future))
         self._count(bucket.nbytes)
-
-    def _mark_end(self, event: dict, done) -> None:
-        done.value()  # re-raises here if the all-reduce failed
-        event["end_s"] = self._clock.now()  # called the moment the work completed
 
     def _ring_in_background(self, bucket: Bucket, event: dict) -> None:
         event["start_s"] = self._clock.now()  # queued until now: the ring starts here
@@ -296,9 +299,10 @@ class GradSync:
             if isinstance(future, concurrent.futures.Future):
                 future.result()  # re-raises an error from the ring's thread
             else:
-                future.wait()
+                future.wait()  # the Work of the async all-reduce; raises if it failed
             if bucket.buffer.device.type == "cuda":
                 torch.cuda.current_stream().synchronize()  # the host sees it done only now
                 event["end_s"] = self._clock.now()
-            copy_grads_out(bucket)
+            copy_grads_out(bucket, as_views=self.gradient_as_bucket_view)
         self._in_flight = []
+        self._watcher.settle()  # every end time written before the next step restarts the clock

@@ -12,6 +12,8 @@ was hidden under backward; ``plot_timeline`` draws the step as two lanes of bars
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Sequence
 
@@ -38,6 +40,50 @@ class Timeline:
                  "bytes": int(nbytes)}
         self.events.append(event)
         return event
+
+
+class CompletionWatcher:
+    """A thread that waits for each asynchronous collective and writes down when it ended.
+
+    ``work.wait()`` lets go of Python's lock (the GIL) while it waits, so the watcher costs the
+    training loop nothing, and the communication threads never wait for Python: a Python
+    callback on the work's future would run on the thread that does the communication and
+    stall the next collective until the GIL is free. An end time is late by at most the time
+    the watcher waits for the GIL once the work is done.
+    """
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+        self.todo: queue.Queue = queue.Queue()
+        self.thread: threading.Thread | None = None
+
+    def watch(self, work, event: dict) -> None:
+        """Set ``event["end_s"]`` when ``work`` (from ``async_op=True``) completes."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="comm-watcher", daemon=True)
+            self.thread.start()
+        self.todo.put((work, event))
+
+    def settle(self) -> None:
+        """Return once every watched work has its end time."""
+        self.todo.join()
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.todo.put(None)
+            self.thread.join()
+            self.thread = None
+
+    def _run(self) -> None:
+        while (item := self.todo.get()) is not None:
+            work, event = item
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001 - the training loop's own wait() raises it
+                pass
+            event["end_s"] = self.timeline.now()
+            self.todo.task_done()
+        self.todo.task_done()
 
 
 def merge_intervals(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:

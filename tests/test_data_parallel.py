@@ -212,6 +212,12 @@ def test_make_buckets_reverse_order_skips_frozen_and_moves_grads():
         for i, p in enumerate(b.params):
             expected = 2.0 if i % 2 == 0 else 0.0  # 6 / 3 ranks; no gradient counts as 0
             assert torch.equal(p.grad, torch.full_like(p, expected))
+            assert p.grad.data_ptr() != b.slots[i].data_ptr()  # a copy
+        b.reset()
+        copy_grad_in(b, 0, world_size=2)  # 2.0 / 2
+        copy_grads_out(b, as_views=True)
+        assert b.params[0].grad.data_ptr() == b.slots[0].data_ptr()  # no copy: the slot itself
+        assert torch.equal(b.params[0].grad, torch.full_like(b.params[0], 1.0))
 
 
 def test_parameters_in_graph_finds_only_used_leaves():

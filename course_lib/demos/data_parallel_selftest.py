@@ -40,9 +40,10 @@ VARIANTS = {  # label: GradSync options
     "overlap": {"strategy": "overlap", "bucket_mb": SMALL_BUCKET_MB},
     "overlap find_unused": {"strategy": "overlap", "bucket_mb": SMALL_BUCKET_MB,
                             "find_unused_parameters": True},
-    "bucketed ring": {"strategy": "bucketed", "bucket_mb": SMALL_BUCKET_MB, "comm": "ring"},
+    "bucketed ring": {"strategy": "bucketed", "bucket_mb": SMALL_BUCKET_MB, "comm": "ring",
+                      "gradient_as_bucket_view": True},
     "overlap ring": {"strategy": "overlap", "bucket_mb": SMALL_BUCKET_MB, "comm": "ring",
-                     "find_unused_parameters": True},
+                     "find_unused_parameters": True, "gradient_as_bucket_view": True},
     "overlap one bucket": {"strategy": "overlap", "bucket_mb": 25.0},
 }
 COUNTED = ("all_reduce", "broadcast", "send", "recv", "batch_isend_irecv", "all_gather",
@@ -181,7 +182,8 @@ def accumulation(w, make, options: dict) -> dict:
 
 
 def training(w, make, options: dict) -> dict:
-    """TRAIN_STEPS SGD steps of 2 micro-steps each; replicas compared bitwise after each."""
+    """TRAIN_STEPS SGD steps of 2 micro-steps each; replicas compared bitwise after each.
+    Gradients are set to None and zeroed in place in turn (both must work with buckets)."""
     model = make()
     gs = GradSync(model, w.group, **options)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1,
@@ -189,7 +191,7 @@ def training(w, make, options: dict) -> dict:
     equal_after_step = []
     for step in range(TRAIN_STEPS):
         x, y = make_data(2 + step, w.world_size * 2 * MICRO_BATCH, w.device)
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=step % 2 == 0)
         for k in range(2):
             index = k * w.world_size + w.rank
             loss = F.cross_entropy(model(part(x, index)), part(y, index)) / 2
