@@ -76,7 +76,13 @@ def broadcast_parameters(model: nn.Module, group: dist.ProcessGroup | None = Non
 
 
 class GradSync:
-    """Average gradients over the ranks of ``group`` with one of ``STRATEGIES``."""
+    """Average gradients over the ranks of ``group`` with one of ``STRATEGIES``.
+
+    After each synced step: ``timeline`` (its events), ``stats`` (collectives launched,
+    bytes_reduced handed to them, bytes_sent counted by our collectives or None when torch's
+    all_reduce did the work, buckets); ``totals`` adds up since construction; ``buckets``
+    (``course_lib.buckets.Bucket``) shows how the parameters were packed.
+    """
 
     def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None,
                  strategy: str = "ring", bucket_mb: float = 25.0, comm: str = "torch",
@@ -189,16 +195,13 @@ class GradSync:
 
     def _begin_step(self) -> None:
         self._clock.restart()
-        self._counter = ByteCounter() if self._uses_our_collectives() else None
+        ours = self.strategy in ("naive", "ring") or (self.comm == "ring" and bool(self.buckets))
+        self._counter = ByteCounter() if ours else None  # our collectives count their bytes
         self.stats = {"strategy": self.strategy, "collectives": 0, "bytes_reduced": 0}
         self._next_bucket = 0
         self._in_flight = []
         for bucket in self.buckets:
             bucket.reset()
-
-    def _uses_our_collectives(self) -> bool:
-        return self.strategy in ("naive", "ring") or (
-            self.strategy in ("bucketed", "overlap") and self.comm == "ring")
 
     def _count(self, nbytes: int) -> None:
         self.stats["collectives"] += 1
@@ -267,9 +270,8 @@ class GradSync:
     def _launch_remaining_buckets(self) -> None:
         """Fill and launch every bucket not launched yet (a missing gradient counts as 0)."""
         for bucket in self.buckets[self._next_bucket:]:
-            for i, ready in enumerate(bucket.ready):
-                if not ready:
-                    copy_grad_in(bucket, i, self.world_size)
+            for i in range(len(bucket.params)):
+                copy_grad_in(bucket, i, self.world_size)  # skips gradients already in
             self._launch(bucket)
         self._next_bucket = len(self.buckets)
 

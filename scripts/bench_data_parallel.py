@@ -6,7 +6,7 @@
 
 Runs ``course_lib.demos.bench_data_parallel_worker`` on ``--nproc`` processes (Gloo on CPU,
 NCCL with one GPU per process) for the tiny transformer of ``course_lib.models`` (~27k
-parameters: latency and Python overhead dominate) and a wide MLP (~15M parameters, 60 MB of
+parameters: latency and Python overhead dominate) and a wide MLP (13.7M parameters, 55 MB of
 gradients: bytes dominate), at each bucket size, with the same bucket size for DDP. Every
 configuration trains its own copy of the same model; they take turns so that a slow spell of
 the machine hits them alike. Prints the table and writes ``bench_data_parallel.json`` and
@@ -17,21 +17,33 @@ Configurations: ``ddp`` (torch DDP, defaults but the bucket size), ``ddp views``
 all: the floor). Ratios are median step times over DDP's; ``hidden`` is the share of
 overlap's communication time that fell inside backward (from its own timeline).
 
-What was reached, and why gaps remain (2 processes, Gloo, one compute thread each)
-- On a 16-core machine (comm threads get their own cores), bucketed and overlap ran at or
-  below DDP's step time for both models and both bucket sizes; see the table in the JSON.
-- On a 2-core machine, two processes plus Gloo's threads share two cores: communication
-  cannot run beside compute, so overlap hides little and all ratios move with the machine's
-  other load (medians of interleaved turns keep the comparison fair, not quiet).
-- What made ours as fast as DDP: buckets sized as DDP's, division by N fused into the copy
-  into the bucket (as DDP does), ``.grad`` left as a view of the bucket (no copy back, DDP's
-  ``gradient_as_bucket_view``), launch from ``register_post_accumulate_grad_hook`` with a
-  counter per bucket, and Gloo's async all-reduce rather than our Python ring (comm="ring"
-  is kept for teaching; its messages and additions run in Python, one slice at a time).
-- What DDP still does that we do not: buckets rebuilt after the first step in the order
-  gradients actually arrived, a small first bucket (1 MB) so that communication starts
-  sooner, and C++ hooks (a Python hook costs microseconds per parameter, which shows on the
-  tiny transformer, not on the MLP).
+What was reached (median step time / DDP's, 2 processes, Gloo, one compute thread each, on a
+16-core machine where Gloo's threads get cores of their own; measured before the last change
+below, which was then measured on the 2-core machine only):
+    tiny transformer, 25 MB / 1 MB buckets: bucketed 0.99 / 1.03, overlap 0.99 / 1.07
+    MLP 13.7M params, 25 MB / 1 MB buckets: bucketed 1.21 / 1.48, overlap 1.12 / 1.26
+    (ddp views 0.87 / 0.91; allreduce per parameter 1.12 / 1.15; no sync 0.46 / 0.61)
+overlap hid 54-72% of its communication under backward on the MLP and beat bucketed (sync
+after backward) there; on the transformer the two were within 4% of each other. The 1.05
+target was met for the tiny transformer, not for the MLP.
+
+What was tried
+- Python callbacks on the all-reduce futures (to time their ends) ran on Gloo's own threads
+  and held up the next collective until the GIL was free: a 16.8 MB bucket took 27-39 ms
+  instead of about 10. A watcher thread that waits on each work (``work.wait()`` releases
+  the GIL) times them now; that gave the numbers above.
+- ``.grad`` as a view of the bucket (DDP's ``gradient_as_bucket_view``) saves a copy, but on
+  CPU it made backward slower in our hands (main-thread CPU time, one rank: overlap 75 ms a
+  step with views, 59 ms with copies; DDP 57-67 ms): copies are the default since. Division
+  by N is fused into the copy into the bucket, as DDP does (mul and div cost the same here).
+- comm="ring" (our ring on a background thread) is kept for teaching: its slices, messages and
+  additions are driven from Python and compete with backward for the GIL.
+
+Why a gap remains on the MLP: DDP's hooks and bucket copies run in C++ without the GIL, it
+rebuilds its buckets after the first step in the order gradients really arrived, with a
+small first bucket, and its bucket boundaries cross the cap (fewer, larger all-reduces). On a
+2-core machine, two processes plus Gloo's threads share two cores, communication cannot run
+beside compute, and every ratio moves with the machine's other load.
 """
 
 from __future__ import annotations

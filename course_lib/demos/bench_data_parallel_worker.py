@@ -130,6 +130,7 @@ def bench_one(w, args, name: str, bucket_mb: float, done: list) -> list[dict]:
         rows.append({"model": name, "params": params, "bucket_mb": bucket_mb,
                      "strategy": r.label, "median_s": median(r.times),
                      "ratio_to_ddp": median(r.times) / ddp_median, "steps": len(r.times),
+                     "times_s": [round(t, 6) for t in r.times],
                      "hidden_fraction": median(r.hidden) if r.hidden else None,
                      "timeline": r.gs.timeline if r.gs is not None else None})
         row = rows[-1]
