@@ -208,37 +208,16 @@ class TopLevelCalls(ast.NodeVisitor):
             self.visit(child)
 
 
-def checker_imports(trees: list[ast.Module]) -> dict[str, tuple[str, str]]:
-    """Names bound by ``from course_lib.check.nbNN import name`` anywhere in the notebook."""
-    found = {}
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and \
-                    re.fullmatch(r"course_lib\.check\.nb\d\d", node.module):
-                for alias in node.names:
-                    found[alias.asname or alias.name] = (node.module.rsplit(".", 1)[1],
-                                                         alias.name)
-    return found
-
-
-def checker_calls(tree: ast.Module, imported: dict) -> list[tuple[str, str, set[str]]]:
-    """(nbNN, checker name, names used in its arguments) for each checker call of a cell."""
+def checker_calls(tree: ast.Module) -> list[tuple[str, str, set[str]]]:
+    """(nbNN, checker name, names used in its arguments) for each ``check.nbNN.name(...)``."""
     calls = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func, target = node.func, None
-        if isinstance(func, ast.Attribute):
-            owner = ast.unparse(func.value)
-            match = CHECK_MODULE.match(owner)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            match = CHECK_MODULE.match(ast.unparse(node.func.value))
             if match:
-                target = (match.group(1) or match.group(2), func.attr)
-        elif isinstance(func, ast.Name) and func.id in imported:
-            target = imported[func.id]
-        if target:
-            args = [*node.args, *(k.value for k in node.keywords)]
-            names = {n.id for a in args for n in ast.walk(a) if isinstance(n, ast.Name)}
-            calls.append((*target, names))
+                args = [*node.args, *(k.value for k in node.keywords)]
+                names = {n.id for a in args for n in ast.walk(a) if isinstance(n, ast.Name)}
+                calls.append((match.group(1) or match.group(2), node.func.attr, names))
     return calls
 
 
@@ -296,15 +275,15 @@ def check_not_called(owner: ast.stmt, trees: dict, cells: list[int], name: str) 
                                     "try: ... except NotImplementedError: ...")
 
 
-def resolve(block: Block, nb, trees: dict, imported: dict, check_dir: Path, name: str):
+def resolve(block: Block, nb, trees: dict, check_dir: Path, name: str) -> list[int]:
     """Name the block's exercise and find the checker calls that report it (cell indices)."""
     where = f"{name}, cell {block.cell}"
     owner = locate(block, trees[block.cell], where)
     cells = cells_in_scope(trees, block.cell, owner.name)
     check_not_called(owner, trees, cells, name)
-    calls = [(i, c) for i in cells for c in checker_calls(trees[i], imported)
+    calls = [(i, c) for i in cells for c in checker_calls(trees[i])
              if owner.name in c[2]]
-    own = checker_calls(trees[block.cell], imported)
+    own = checker_calls(trees[block.cell])
     if not calls and len(own) == 1:
         calls = [(block.cell, own[0])]
     if not calls:
@@ -325,11 +304,10 @@ def make_student_copy(nb, name: str = "notebook", check_dir: Path | None = None)
     nb = copy.deepcopy(nb)
     trees = {i: parse(c.source, f"{name}, cell {i}")
              for i, c in enumerate(nb.cells) if c.cell_type == "code"}
-    imported = checker_imports(list(trees.values()))
     blocks, clear, checks = [], set(), {}
     for i in sorted(trees):
         for block in find_blocks(nb.cells[i].source.split("\n"), i, f"{name}, cell {i}"):
-            call_cells = resolve(block, nb, trees, imported, check_dir, name)
+            call_cells = resolve(block, nb, trees, check_dir, name)
             blocks.append(block)
             clear.update([i, *call_cells])
             checks.setdefault(block.exercise_id, set()).update(call_cells)
