@@ -1,0 +1,151 @@
+"""The claims of notebooks 08-10 that no other test covers, checked again outside the
+notebooks: buckets and overlap (08), a crash-safe checkpoint and an exact resume, and the
+multi-node commands of the SLURM script (09), the ZeRO memory table (10).
+
+(ZeRO-1 itself: tests/test_zero.py; the hang lab: tests/test_hang_lab.py; no_sync, the
+sampler, SyncBatchNorm and our trainer against DDP: tests/test_ddp_practice.py.)"""
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.run import get_args_parser
+
+from course_lib.buckets import MB, plan_buckets
+from course_lib.checkpoint import CRASH_ENV, checkpoint_path, load_checkpoint
+from course_lib.demos.bucket_sweep import STRATEGIES, make_mlp
+from course_lib.launch import LaunchError, launch
+from course_lib.timeline_plot import comm_starts_before_backward_ends
+from course_lib.train_config import parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SBATCH = ROOT / "scripts" / "slurm_train.sbatch"
+
+
+# ---- 08: buckets and overlap -----------------------------------------------------------------
+
+def test_the_mlp_of_notebook_08_makes_four_one_megabyte_buckets():
+    sizes = [p.numel() * p.element_size() for p in make_mlp(0, torch.device("cpu")).parameters()]
+    assert len(sizes) == 28
+    plan = plan_buckets(sizes[::-1], [None] * len(sizes), 1 * MB)
+    assert len(plan) == 4
+    assert all(sum(sizes[::-1][i] for i in bucket) <= MB for bucket in plan)
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    run = launch("course_lib.demos.bucket_sweep", nproc=2, timeout_s=300, quiet=True,
+                 args=["--rounds", "1", "--steps", "1", "--sweep-mb", "0.25,25"])  # fast
+    return {row["label"]: row for row in run.result["rows"]}
+
+
+@pytest.mark.slow
+def test_every_strategy_gives_ddps_parameters_and_equal_replicas(sweep):
+    assert set(STRATEGIES) <= set(sweep)
+    for label, row in sweep.items():
+        assert row["same_as_ddp"] and row["max_difference_to_ddp"] < 1e-4, label
+        assert row["replicas_bitwise_equal"], label
+
+
+@pytest.mark.slow
+def test_buckets_cut_the_collectives_and_hooks_start_them_during_backward(sweep):
+    for per_parameter in ("naive", "ring", "allreduce"):
+        assert sweep[per_parameter]["collectives_per_step"] == 28
+    assert sweep["bucketed"]["collectives_per_step"] == 4
+    assert sweep["overlap"]["collectives_per_step"] == 4
+    assert sweep["overlap 25 MB"]["collectives_per_step"] == 1
+    assert sweep["overlap 0.25 MB"]["collectives_per_step"] > 4
+    assert comm_starts_before_backward_ends(sweep["overlap"]["timeline"])
+    assert not comm_starts_before_backward_ends(sweep["bucketed"]["timeline"])
+
+
+# ---- 09: a crash while writing the checkpoint, then an exact resume ---------------------------
+
+@pytest.mark.slow
+def test_a_crash_mid_checkpoint_keeps_the_last_one_and_resume_is_exact(tmp_path):
+    folder = str(tmp_path / "run")
+    common = ["--steps", "6", "--accum-steps", "2", "--micro-batch", "2", "--dropout", "0.1",
+              "--sync", "ddp", "--checkpoint-dir", folder, "--checkpoint-every", "3"]
+    metrics = str(tmp_path / "metrics.jsonl")
+    with pytest.raises(LaunchError):  # rank 0 is killed halfway through the step-6 write
+        launch("course_lib.train", nproc=2, args=common + ["--metrics", metrics],
+               env={CRASH_ENV: "6"}, timeout_s=300, quiet=True)
+    uninterrupted = [json.loads(line) for line in open(metrics)]
+    assert [m["step"] for m in uninterrupted] == [1, 2, 3, 4, 5, 6]
+    assert load_checkpoint(folder)["step"] == 3  # the previous checkpoint is whole
+    assert os.path.exists(checkpoint_path(folder) + ".tmp")
+    with pytest.raises(RuntimeError):
+        torch.load(checkpoint_path(folder) + ".tmp", weights_only=True)  # half a file
+    resumed = launch("course_lib.train", nproc=2, args=common + ["--resume"], timeout_s=300,
+                     quiet=True).result
+    assert resumed["steps"] == [4, 5, 6]
+    assert resumed["losses"] == [m["loss"] for m in uninterrupted[3:]]  # bit for bit
+
+
+# ---- 09: the SLURM recipe ---------------------------------------------------------------------
+
+def dry_run(env: dict, *args: str) -> str:
+    full = {**os.environ, "DRY_RUN": "1", **env}
+    return subprocess.run(["bash", str(SBATCH), *args], env=full, capture_output=True,
+                          text=True, check=True, timeout=30).stdout
+
+
+def test_the_sbatch_script_is_valid_bash():
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+
+
+def test_the_dry_run_prints_a_torchrun_command_torchrun_and_the_trainer_accept():
+    out = dry_run({"SLURM_JOB_NODELIST": "gpu07,gpu08", "SLURM_NNODES": "2",
+                   "SLURM_JOB_ID": "4242", "SLURM_GPUS_ON_NODE": "4"}, "--steps", "50")
+    line = next(line for line in out.splitlines() if line.startswith("srun "))
+    words = shlex.split(line)
+    torchrun_args = words[words.index("torchrun") + 1:]
+    ns = get_args_parser().parse_args(torchrun_args)
+    assert (ns.nnodes, ns.nproc_per_node) == ("2", "4")
+    assert ns.rdzv_backend == "c10d" and ns.rdzv_endpoint == "gpu07:29500"
+    assert ns.rdzv_id == "4242" and ns.module and ns.training_script == "course_lib.train"
+    config = parse_config(ns.training_script_args)
+    assert config.sync == "ddp" and config.resume and config.steps == 50
+    assert config.checkpoint_dir == "runs/4242"
+
+
+def test_without_slurm_the_dry_run_still_says_what_it_would_do():
+    out = dry_run({k: "" for k in ("SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_JOB_ID")},
+                  "--steps", "5")
+    assert "torchrun --nnodes" in out and "--rdzv-backend c10d" in out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_multi_node_command_runs_two_nodes_on_this_machine(tmp_path):
+    env = {**os.environ, "REHEARSE": "1", "NNODES": "2", "NPROC_PER_NODE": "1",
+           "PORT": str(free_port()), "CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    for name in ("SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_JOB_ID"):
+        env.pop(name, None)
+    done = subprocess.run(["bash", str(SBATCH), "--steps", "2", "--micro-batch", "2"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "training sequences on 2 process(es)" in done.stdout  # 2 nodes x 1 process
+    assert "step    2/2" in done.stdout
+    assert load_checkpoint(str(tmp_path / "ckpt"))["step"] == 2
+
+
+# ---- 10: the memory table ---------------------------------------------------------------------
+
+def test_the_zero_stages_of_a_seven_billion_parameter_model_on_eight_gpus():
+    p, n = 7 * 10**9, 8
+    params, grads, adam = 4 * p, 4 * p, 8 * p  # fp32 AdamW: 16 bytes per parameter
+    assert params + grads + adam == 112 * 10**9
+    assert params + grads + adam / n == 63 * 10**9
+    assert params + (grads + adam) / n == 38.5 * 10**9
+    assert (params + grads + adam) / n == 14 * 10**9
