@@ -21,7 +21,7 @@ Any world size (1 is a no-op), any shape (0-d, empty, fewer elements than ranks,
 divisible by N), non-contiguous tensors (the work is done in a contiguous copy, copied back),
 float and integer dtypes, CPU tensors under Gloo and GPU tensors under NCCL (nothing here
 assumes a device). Ranks that pass different shapes or dtypes all get a ``ValueError`` that
-names both (``course_lib.collectives_checks``) instead of a hang.
+names both (``course_lib.collectives_p2p``) instead of a hang.
 
 Pass ``counter=ByteCounter()`` to count what this rank sends; the shape check's few bytes are
 not counted. The ring's sends are pipelined: each chunk travels as slices, so the next slice
@@ -35,33 +35,21 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from course_lib.collectives_checks import check_same_signature, check_tensor, resolve_group
+from course_lib.collectives_p2p import (
+    ByteCounter,
+    Peers,
+    check_same_signature,
+    check_tensor,
+    resolve_group,
+    start_messages,
+    wait_all,
+)
 
-SLICE_BYTES = 1 << 20  # the ring sends each chunk as slices of about this many bytes
+__all__ = ["ByteCounter", "chunk_bounds", "naive_all_reduce", "recursive_doubling_all_reduce",
+           "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
+
+SLICE_BYTES = 4 << 20  # the ring sends each chunk as slices of at most this many bytes
 PIPELINE_DEPTH = 2  # ring slices in flight while one is added
-
-
-@dataclass
-class ByteCounter:
-    """What one rank sent: add one to ``messages`` and the size to ``bytes_sent`` per send."""
-
-    bytes_sent: int = 0  # payload bytes this rank handed to send
-    messages: int = 0  # number of sends (empty ones are skipped, not counted)
-
-    def add(self, tensor: torch.Tensor) -> None:
-        self.bytes_sent += tensor.numel() * tensor.element_size()
-        self.messages += 1
-
-
-@dataclass(frozen=True)
-class Peers:
-    """Where this rank sits, passed to every step explicitly."""
-
-    group: dist.ProcessGroup  # the process group the messages go through
-    rank: int  # this rank's index in the group
-    world_size: int  # number of ranks in the group
-    counter: ByteCounter | None  # adds up what this rank sends, or None
-    batch: bool  # start a send and a receive as one batch (NCCL needs it; Gloo does not)
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -82,32 +70,6 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def start_messages(peers: Peers, send: tuple | None = None, recv: tuple | None = None) -> list:
-    """Start a send ``(tensor, to_rank)`` and a receive ``(tensor, from_rank)`` together.
-
-    Empty tensors are skipped (both ends know the sizes). On NCCL the pair goes out as one
-    batch: a lone receive posted before a send to the same peer would wait for ever. Gloo's
-    ``batch_isend_irecv`` only calls ``isend``/``irecv`` in turn, so we call them directly.
-    """
-    ops = []
-    if send is not None and send[0].numel() > 0:
-        ops.append((dist.isend, send[0], send[1]))
-        if peers.counter is not None:
-            peers.counter.add(send[0])
-    if recv is not None and recv[0].numel() > 0:
-        ops.append((dist.irecv, recv[0], recv[1]))
-    if peers.batch and ops:
-        return dist.batch_isend_irecv([dist.P2POp(op, tensor, group=peers.group, group_peer=peer)
-                                       for op, tensor, peer in ops])
-    return [dist.isend(t, group=peers.group, group_dst=peer) if op is dist.isend
-            else dist.irecv(t, group=peers.group, group_src=peer) for op, t, peer in ops]
-
-
-def wait_all(works: list) -> None:
-    for work in works:
-        work.wait()
-
-
 def _in_place(name: str, tensor: torch.Tensor, group=None, counter=None, *, algorithm,
               batch: bool | None = None, **options):
     """Check the inputs, run ``algorithm(flat, peers)`` on a contiguous 1-D view, copy back.
@@ -118,10 +80,10 @@ def _in_place(name: str, tensor: torch.Tensor, group=None, counter=None, *, algo
     group, rank, world_size = resolve_group(group)
     if world_size == 1:
         return tensor  # the sum over one rank is the tensor itself
-    check_same_signature(tensor, group, rank, world_size, name)
     if batch is None:
         batch = dist.get_backend(group) != "gloo"
     peers = Peers(group, rank, world_size, counter, batch)
+    check_same_signature(tensor, peers, name)  # the same ValueError on every rank, or nothing
     with torch.no_grad():
         contiguous = tensor.is_contiguous()
         flat = tensor.view(-1) if contiguous else tensor.contiguous().view(-1)  # (numel,)
@@ -176,69 +138,75 @@ def ring_all_gather(tensor: torch.Tensor, group=None, counter: ByteCounter | Non
                      slice_bytes=slice_bytes)
 
 
-def _ring_all_reduce(flat: torch.Tensor, peers: Peers, slice_bytes: int) -> None:
-    _reduce_scatter(flat, peers, slice_bytes)
-    _all_gather(flat, peers, slice_bytes)
+@dataclass(frozen=True)
+class RingUnit:
+    """One message of the ring: a slice goes right while the matching one comes from the left."""
+
+    send: torch.Tensor  # (slice,) view into the flat tensor, sent to the right-hand neighbour
+    recv: torch.Tensor  # (slice,) view into the flat tensor that the incoming slice is for
+    add: bool  # reduce-scatter: add the incoming slice into recv; all-gather: it lands in recv
 
 
-def _ring_plan(flat: torch.Tensor, peers: Peers, slice_bytes: int, first_send_offset: int):
-    """The ring's units of work in order: ``(send slice, receive slice)`` per step and slice.
+def _ring_units(flat: torch.Tensor, peers: Peers, slice_bytes: int, reduce: bool):
+    """The ring's messages in order, and how many slices each chunk is cut into.
 
-    At step s rank r sends chunk (r - s - offset) % N right and receives chunk
-    (r - s - offset - 1) % N from the left. Every chunk is cut into the same number of
-    slices, so both ends of each message agree on its size.
+    Reduce-scatter (``reduce``): at step s rank r sends chunk r-s-1 and adds the incoming chunk
+    r-s-2 into its own copy; after step N-2 its chunk r holds every rank's contribution.
+    All-gather: at step s rank r sends chunk r-s (its own first) and receives chunk r-s-1.
+    Every chunk is cut into the same number of slices, so both ends agree on each size.
     """
     n, r = peers.world_size, peers.rank
     chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]  # N x (numel/N,)
     biggest = chunks[0].numel() * flat.element_size()
     num_slices = max(1, -(-biggest // max(1, slice_bytes)))  # ceil: slices per chunk
     sliced = [[c[a:b] for a, b in chunk_bounds(c.numel(), num_slices)] for c in chunks]
+    first = 1 if reduce else 0
     units = []
     for step in range(n - 1):
-        send_chunk = (r - step - first_send_offset) % n
-        recv_chunk = (send_chunk - 1) % n
-        units += list(zip(sliced[send_chunk], sliced[recv_chunk], strict=True))
+        send_chunk = (r - step - first) % n
+        recv_chunk = (send_chunk - 1) % n  # the left neighbour sends the chunk before mine
+        units += [RingUnit(send, recv, reduce) for send, recv
+                  in zip(sliced[send_chunk], sliced[recv_chunk], strict=True)]
     return units, num_slices
 
 
-def _reduce_scatter(flat: torch.Tensor, peers: Peers, slice_bytes: int) -> None:
-    """N-1 steps; in step s rank r sends chunk r-s-1 and adds the incoming chunk r-s-2 into it.
+def _run_ring(units: list[RingUnit], num_slices: int, flat: torch.Tensor, peers: Peers) -> None:
+    """Send and receive every unit in order, keeping a few ahead while one is added.
 
-    After the last step rank r has added the last contribution into chunk r: the full sum.
-    Slices are pipelined: while slice i is added, the next ones are on the wire.
+    A unit sends a slice that was received (and added) ``num_slices`` units earlier, so the
+    pipeline never runs further ahead than that.
     """
     right, left = (peers.rank + 1) % peers.world_size, (peers.rank - 1) % peers.world_size
-    units, num_slices = _ring_plan(flat, peers, slice_bytes, first_send_offset=1)
-    # a unit sends a slice summed num_slices units earlier: never run further ahead than that
     depth = min(PIPELINE_DEPTH, num_slices - 1)
-    longest = max(dst.numel() for _, dst in units)
+    longest = max((u.recv.numel() for u in units if u.add), default=0)
     spare = torch.empty((depth + 1, longest), dtype=flat.dtype, device=flat.device)
-    started = []  # (works, receive buffer) per unit, in order
-    for i, (_, dst) in enumerate(units):
+    started = []  # (works, where the incoming slice lands) per unit, in order
+    for i, unit in enumerate(units):
         while len(started) < min(i + depth + 1, len(units)):  # keep `depth` units ahead
-            send, recv = units[len(started)]
-            buffer = spare[len(started) % (depth + 1), :recv.numel()]  # (slice,) free again
-            started.append((start_messages(peers, send=(send, right), recv=(buffer, left)),
-                            buffer))
-        works, incoming = started[i]
+            j, ahead = len(started), units[len(started)]
+            # a slice to add lands in a spare buffer, free again since unit j - depth - 1
+            landing = spare[j % (depth + 1), :ahead.recv.numel()] if ahead.add else ahead.recv
+            started.append((start_messages(peers, send=(ahead.send, right),
+                                           recv=(landing, left)), landing))
+        works, landing = started[i]
         wait_all(works)
-        dst.add_(incoming)  # my partial sum of this slice + the one from the left
+        if unit.add:
+            unit.recv.add_(landing)  # my partial sum of this slice + the one from the left
+
+
+def _reduce_scatter(flat: torch.Tensor, peers: Peers, slice_bytes: int) -> None:
+    _run_ring(*_ring_units(flat, peers, slice_bytes, reduce=True), flat, peers)
 
 
 def _all_gather(flat: torch.Tensor, peers: Peers, slice_bytes: int) -> None:
-    """N-1 steps; in step s rank r sends chunk r-s (its own first) and receives chunk r-s-1.
+    _run_ring(*_ring_units(flat, peers, slice_bytes, reduce=False), flat, peers)
 
-    Each receive lands straight in its place in ``flat``; a slice is passed on one step later.
-    """
-    right, left = (peers.rank + 1) % peers.world_size, (peers.rank - 1) % peers.world_size
-    units, num_slices = _ring_plan(flat, peers, slice_bytes, first_send_offset=0)
-    depth = min(PIPELINE_DEPTH, num_slices - 1)  # a unit forwards what arrived num_slices ago
-    started = []
-    for i in range(len(units)):
-        while len(started) < min(i + depth + 1, len(units)):
-            send, recv = units[len(started)]
-            started.append(start_messages(peers, send=(send, right), recv=(recv, left)))
-        wait_all(started[i])
+
+def _ring_all_reduce(flat: torch.Tensor, peers: Peers, slice_bytes: int) -> None:
+    """Both halves as one stream of messages: the all-gather starts while the last adds run."""
+    scatter, num_slices = _ring_units(flat, peers, slice_bytes, reduce=True)
+    gather, _ = _ring_units(flat, peers, slice_bytes, reduce=False)
+    _run_ring(scatter + gather, num_slices, flat, peers)
 
 
 def recursive_doubling_all_reduce(tensor: torch.Tensor, group=None,

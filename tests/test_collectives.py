@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from course_lib.collectives import ByteCounter, chunk_bounds, ring_all_reduce
+from course_lib.collectives_p2p import describe, signature
 from course_lib.launch import launch
 
 WORLD_SIZES = [1, 2, 3, 4]
@@ -73,6 +74,17 @@ def test_byte_counter_adds_sizes():
     counter.add(torch.zeros(3, dtype=torch.float64))
     counter.add(torch.zeros(2, 5, dtype=torch.int16))
     assert (counter.bytes_sent, counter.messages) == (3 * 8 + 10 * 2, 2)
+
+
+def test_signatures_tell_shapes_and_dtypes_apart():
+    shapes = [(), (0,), (6,), (2, 3), (3, 2), (1, 6), (2, 1, 1, 1, 1, 1, 1, 1, 3, 4),
+              (2, 1, 1, 1, 1, 1, 1, 1, 4, 3), (2, 1, 1, 1, 1, 1, 1, 1, 12)]
+    records = [signature(torch.empty(s)) for s in shapes]
+    records.append(signature(torch.empty(2, 3, dtype=torch.float64)))
+    assert len({tuple(r) for r in records}) == len(records)  # all different
+    assert signature(torch.empty(2, 3).t()) == signature(torch.empty(3, 2))  # strides don't count
+    assert describe(signature(torch.empty(2, 3))) == "shape (2, 3) and dtype torch.float32"
+    assert "2 more" in describe(records[6])
 
 
 def test_without_process_group_the_error_says_how_to_start():

@@ -70,6 +70,7 @@ def make_cases(rank: int, world_size: int, device: torch.device) -> dict[str, to
         "int64": torch.randint(-1000, 1000, (37,), generator=g),
         "int32 transposed": torch.randint(-50, 50, (4, 6), generator=g, dtype=torch.int32).t(),
         "float64": torch.randn(3, 11, generator=g, dtype=torch.float64),
+        "10-d": torch.randn(2, 1, 1, 1, 1, 1, 1, 1, 3, 2, generator=g),  # past the shown dims
         "float16": small_ints(13, torch.float16),  # small integers: sums are exact
         "bfloat16": small_ints(13, torch.bfloat16),
     }
@@ -204,6 +205,7 @@ def main() -> None:
                        "reduce_scatter", "all_gather") for r in rep[key])
         print0(w, f"collectives self-test on {w.world_size} ranks: {failures} value errors")
         save_result({"world_size": w.world_size, "backend": w.backend, "ranks": reports})
+        dist.barrier(group=w.group)  # nobody closes its connections while a peer still talks
 
 
 if __name__ == "__main__":
