@@ -52,6 +52,13 @@ FINGERPRINT_JS = """(index) => {
 }"""
 
 
+IMAGES_READY_JS = """(index) => {
+  const cell = window.jupyterapp.shell.currentWidget.content.widgets[index];
+  return [...cell.node.querySelectorAll('.jp-Cell-outputArea img')]
+    .every(img => img.complete && img.naturalWidth > 0);
+}"""
+
+
 def kernel_status(page: Page) -> str:
     return page.evaluate(KERNEL_STATUS_JS)
 
@@ -132,12 +139,14 @@ def output_fingerprint(page: Page, index: int) -> str:
 
 
 def settled_fingerprint(page: Page, index: int, before: str, timeout_s: float) -> str:
-    """Wait for the output to differ from ``before`` and then hold still with an idle kernel."""
+    """Wait for the output to differ from ``before``, then to hold still with an idle kernel and
+    every image loaded."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
         now = output_fingerprint(page, index)
-        if now != before and now == last and kernel_status(page) == "idle":
+        if (now != before and now == last and kernel_status(page) == "idle"
+                and page.evaluate(IMAGES_READY_JS, index)):
             return now
         last = now
         time.sleep(0.5)

@@ -29,6 +29,7 @@ class CellExpectation:
     ranks: tuple[int, ...]  # ranks whose "[rank R] " lines the saved output holds
     error_allowed: bool  # the saved run ended this cell in an error on purpose
     shows_slider: bool  # the saved output displays an ipywidgets slider
+    saved_unrun: bool = False  # a non-empty code cell saved without an execution count
 
 
 @dataclass
@@ -49,6 +50,11 @@ class NotebookExpectation:
     def slider_cell(self) -> CellExpectation | None:
         """The first cell that displays a slider, or None when the notebook has none."""
         return next((c for c in self.cells if c.shows_slider), None)
+
+    @property
+    def saved_unrun(self) -> list[int]:
+        """Cells saved without being run: the saved notebook then promises nothing about them."""
+        return [c.index for c in self.cells if c.saved_unrun]
 
     @property
     def multi_rank_cells(self) -> list[CellExpectation]:
@@ -89,8 +95,9 @@ def cell_expectation(index: int, cell: dict) -> CellExpectation:
     ranks = tuple(sorted({int(r) for r in RANK_LINE.findall(text)}))
     pngs = sum(1 for o in outputs if "image/png" in o.get("data", {}))
     errored = any(o["output_type"] == "error" for o in outputs)
-    return CellExpectation(index, "code", bool(source.strip()), pngs, ranks, errored,
-                           shows_slider(outputs))
+    must_run = bool(source.strip())
+    return CellExpectation(index, "code", must_run, pngs, ranks, errored, shows_slider(outputs),
+                           must_run and cell.get("execution_count") is None)
 
 
 def read_expectation(path: Path) -> NotebookExpectation:

@@ -53,6 +53,15 @@ def test_expectations_come_from_saved_outputs(tmp_path):
     assert expected.cells[3].ranks == (0, 1)
     assert [c.must_run for c in expected.cells] == [False, True, True, True, False]
     assert not expected.slider_in_state
+    assert expected.saved_unrun == []
+
+
+def test_cells_saved_without_running_are_named(tmp_path):
+    path = saved_notebook(tmp_path)
+    nb = json.loads(path.read_text())
+    nb["cells"][3]["execution_count"] = None
+    path.write_text(json.dumps(nb))
+    assert read_expectation(path).saved_unrun == [3]
 
 
 def test_slider_found_in_saved_widget_state(tmp_path):

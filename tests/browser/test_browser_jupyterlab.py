@@ -8,6 +8,9 @@ Screenshots go to test-artifacts/browser/NOTEBOOK/.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -27,14 +30,18 @@ from nb_expectations import NotebookExpectation, page_problems, read_expectation
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # a plot, a slider with an interactive output and a 2-process launch, to prove the harness
 FIXTURE = Path(__file__).resolve().parent / "fixture_plot_slider_launch.ipynb"
+# More notebooks from notebooks/, comma-separated: COURSE_BROWSER_NOTEBOOKS=00_start_here,05_...
+EXTRA_ENV = "COURSE_BROWSER_NOTEBOOKS"
+EXTRA = [n.strip().removesuffix(".ipynb") for n in os.environ.get(EXTRA_ENV, "").split(",")]
 NOTEBOOKS = [
-    REPO_ROOT / "notebooks" / "00_start_here.ipynb",
-    REPO_ROOT / "notebooks" / "03_gradient_accumulation.ipynb",
-    REPO_ROOT / "notebooks" / "07_data_parallel_training.ipynb",
+    REPO_ROOT / "notebooks" / "03_gradient_accumulation.ipynb",  # plots and a slider
+    REPO_ROOT / "notebooks" / "07_data_parallel_training.ipynb",  # multi-process training
+    *[REPO_ROOT / "notebooks" / f"{name}.ipynb" for name in EXTRA if name],
     FIXTURE,
 ]
 RUN_TIMEOUT_S = 420  # Run All of the slowest notebook on a 2-core machine, with room to spare
 WIDGET_FRONT_END = "@jupyter-widgets/jupyterlab-manager"
+INLINE_IMAGE = re.compile(r"data:image/[a-z+]+;base64,[A-Za-z0-9+/=]+")
 
 
 def notebook_param(path: Path):
@@ -42,6 +49,13 @@ def notebook_param(path: Path):
     missing = pytest.mark.skipif(not path.exists(),
                                  reason=f"{path.relative_to(REPO_ROOT)} does not exist yet")
     return pytest.param(path, id=path.stem, marks=missing)
+
+
+def readable(fingerprint: str) -> str:
+    """An output fingerprint with each inline image replaced by a short digest of it."""
+    return INLINE_IMAGE.sub(
+        lambda m: f"<image sha1 {hashlib.sha1(m.group().encode()).hexdigest()[:12]}>",
+        fingerprint)
 
 
 def slider_problems(page, expected: NotebookExpectation, cells: list[dict], out: Path) -> list:
@@ -58,7 +72,8 @@ def slider_problems(page, expected: NotebookExpectation, cells: list[dict], out:
     before, after, how = move_first_slider(page, index)
     cell(page, index).screenshot(path=str(out / "5_slider_after.png"))
     (out / "slider_move.txt").write_text(f"cell {index}, moved by {how}\n--- output before:\n"
-                                         f"{before}\n--- output after:\n{after}\n")
+                                         f"{readable(before)}\n--- output after:\n"
+                                         f"{readable(after)}\n")
     if after == before:
         return [f"cell {index}: moving the slider (keyboard, then mouse drag) did not change "
                 f"its output; output stayed {before.strip()[:300]!r}"]
@@ -98,6 +113,10 @@ def save_failure_screenshots(page, out: Path) -> None:
 @pytest.mark.parametrize("notebook", [notebook_param(p) for p in NOTEBOOKS])
 def test_notebook_runs_in_jupyterlab(notebook: Path, lab, browser, artifacts):
     expected = read_expectation(notebook)
+    assert not expected.saved_unrun, (
+        f"{notebook.name}: cells {expected.saved_unrun} were saved without being run, so the "
+        "saved notebook cannot say what the page must show; run scripts/execute_notebooks.sh "
+        f"notebooks/{notebook.name} first")
     out = artifacts / notebook.stem
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
