@@ -68,7 +68,7 @@ def test_no_sync_only_saves_communication_when_it_wraps_the_forward(report):
     assert rows["backward only"]["all_reduces_per_micro_step"] == [1, 1, 1, 1]
     assert rows["nowhere"]["all_reduces_per_micro_step"] == [1, 1, 1, 1]
     for r in rows.values():  # wasted bandwidth, not wrong gradients
-        assert r["grad_matches_big_batch"] and r["max_difference"] <= 1e-6
+        assert r["grad_matches_big_batch"] and r["max_difference"] < 1e-5
 
 
 @pytest.mark.slow
