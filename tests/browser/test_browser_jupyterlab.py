@@ -58,16 +58,26 @@ def readable(fingerprint: str) -> str:
         fingerprint)
 
 
-def slider_problems(page, expected: NotebookExpectation, cells: list[dict], out: Path) -> list:
-    """Move the notebook's first slider; its output must change and show no error."""
-    with_slider = [i for i, c in enumerate(cells) if c["sliders"]]
-    want = expected.slider_cell
-    index = want.index if want is not None else (with_slider[0] if with_slider else None)
-    if index is None or not cells[index]["sliders"]:
-        shown = cells[index]["text"].strip()[:300] if index is not None else "(no cell)"
-        return [f"the saved notebook has a slider but the page shows none (cell {index} "
-                f"shows: {shown!r}); is the widget front-end {WIDGET_FRONT_END} installed "
-                "and enabled in JupyterLab?"]
+def slider_index(expected: NotebookExpectation, cells: list[dict]) -> int | None:
+    """The cell whose slider the test moves: the saved notebook's, else the page's first."""
+    if expected.slider_cell is not None:
+        return expected.slider_cell.index
+    return next((i for i, c in enumerate(cells) if c["sliders"]), None)
+
+
+def missing_slider(expected: NotebookExpectation, cells: list[dict]) -> list[str]:
+    """A problem when the saved notebook shows a slider and the page does not."""
+    index = slider_index(expected, cells)
+    if index is not None and cells[index]["sliders"]:
+        return []
+    shown = cells[index]["text"].strip()[:300] if index is not None else "(no cell)"
+    return [f"the saved notebook has a slider but the page shows none (cell {index} shows: "
+            f"{shown!r}); is the widget front-end {WIDGET_FRONT_END} installed and enabled in "
+            "JupyterLab?"]
+
+
+def slider_problems(page, index: int, out: Path) -> list[str]:
+    """Move the slider in cell ``index``; its output must change and show no error."""
     cell(page, index).screenshot(path=str(out / "4_slider_before.png"))
     before, after, how = move_first_slider(page, index)
     cell(page, index).screenshot(path=str(out / "5_slider_after.png"))
@@ -134,8 +144,10 @@ def test_notebook_runs_in_jupyterlab(notebook: Path, lab, browser, artifacts):
         cells = wait_until_run_ends(page, must_run, RUN_TIMEOUT_S)
         save_evidence(page, expected, out)
         problems = page_problems(expected, cells)
-        if expected.has_slider and not problems:
-            problems += slider_problems(page, expected, cells, out)
+        if expected.has_slider:  # a missing widget front-end explains the rest: say it first
+            problems = missing_slider(expected, cells) + problems
+            if not problems:
+                problems = slider_problems(page, slider_index(expected, cells), out)
         assert not problems, (f"{notebook.name} in JupyterLab (screenshots in {out}):\n- "
                               + "\n- ".join(problems))
     except BaseException:
