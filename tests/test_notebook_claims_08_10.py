@@ -8,6 +8,7 @@ sampler, SyncBatchNorm and our trainer against DDP: tests/test_ddp_practice.py.)
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -129,14 +130,22 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_the_multi_node_command_runs_two_nodes_on_this_machine(tmp_path):
     env = {**os.environ, "REHEARSE": "1", "NNODES": "2", "NPROC_PER_NODE": "1",
-           "PORT": str(free_port()), "CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+           "PORT": str(free_port()), "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+           "COURSE_PG_TIMEOUT_S": "60"}
     for name in ("SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_JOB_ID"):
         env.pop(name, None)
-    done = subprocess.run(["bash", str(SBATCH), "--steps", "2", "--micro-batch", "2"],
-                          env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "training sequences on 2 process(es)" in done.stdout  # 2 nodes x 1 process
-    assert "step    2/2" in done.stdout
+    proc = subprocess.Popen(["bash", str(SBATCH), "--steps", "2", "--micro-batch", "2"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # its own process group
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the torchrun agents and their workers too
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    assert "training sequences on 2 process(es)" in out  # 2 nodes x 1 process
+    assert "step    2/2" in out
     assert load_checkpoint(str(tmp_path / "ckpt"))["step"] == 2
 
 
