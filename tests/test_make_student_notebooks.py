@@ -150,6 +150,16 @@ def test_malformed_notebooks_fail_loudly(problem, check_dir):
     assert "nb99, cell 2" in str(error.value)  # names the notebook and the cell
 
 
+def test_a_call_guarded_against_the_hole_is_allowed(check_dir):
+    guarded = GOOD_CELL + "\ntry:\n    print(my_double(3))\nexcept NotImplementedError:\n" \
+                          "    print('finish exercise 9.1 first')"
+    made = msn.make_student_copy(notebook(code(guarded)), "nb99", check_dir)
+    assert made.checks == {"9.1": 1}
+    unguarded = guarded.replace("NotImplementedError", "ValueError")
+    with pytest.raises(msn.MalformedNotebook, match="outside its checker"):
+        msn.make_student_copy(notebook(code(unguarded)), "nb99", check_dir)
+
+
 def test_magic_lines_are_allowed(check_dir):
     made = msn.make_student_copy(notebook(code("%matplotlib inline\n" + GOOD_CELL)), "nb99",
                                  check_dir)
