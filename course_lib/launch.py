@@ -32,6 +32,7 @@ from course_lib.launch_output import Progress, RankLogs, RankWatch, stop_process
 
 RESULT_ENV = "COURSE_RESULT_PATH"
 PROGRESS_ENV = "COURSE_PROGRESS_PATH"
+LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"  # the loopback interface's name
 ADDRESS_IN_USE = ("EADDRINUSE", "Address already in use", "address already in use")
 
 
@@ -103,7 +104,7 @@ def child_env(run_dir: str, extra: dict | None) -> dict:
         "PYTHONUNBUFFERED": "1",  # lines reach the notebook as they are printed
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),  # fixed: results depend on it
         "MPLBACKEND": "Agg",
-        "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),  # single node: loopback
+        "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", LOOPBACK),  # one node: loopback
         "TORCH_CPP_LOG_LEVEL": env.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # quiet c10d warnings
         RESULT_ENV: os.path.join(run_dir, "result.json"),
         PROGRESS_ENV: os.path.join(run_dir, "progress.json"),

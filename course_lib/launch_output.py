@@ -136,7 +136,8 @@ def _make_widget():
 
 # Errors a rank raises because ANOTHER rank died: the culprit is elsewhere.
 SECONDARY_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                    "remote worker crash", "NCCL communicator was aborted")
+                    "remote worker crash", "pair closure", "Socket closed",
+                    "NCCL communicator was aborted")
 
 
 class RankWatch:
