@@ -2,7 +2,8 @@
 
 Every function here takes one tensor per rank and, in place, leaves the SUM over all ranks in
 it on every rank (bitwise the same everywhere), then returns it. They use only
-``isend``/``irecv`` (through ``batch_isend_irecv``), never ``dist.all_reduce``:
+``isend``/``irecv`` (paired by ``batch_isend_irecv`` where NCCL needs it), never
+``dist.all_reduce``:
 
 - ``naive_all_reduce``: every rank sends its whole tensor to rank 0, which adds them up in rank
   order and sends the sum back. Rank 0 sends and receives (N-1) whole tensors: it is the
@@ -21,11 +22,15 @@ Any world size (1 is a no-op), any shape (0-d, empty, fewer elements than ranks,
 divisible by N), non-contiguous tensors (the work is done in a contiguous copy, copied back),
 float and integer dtypes, CPU tensors under Gloo and GPU tensors under NCCL (nothing here
 assumes a device). Ranks that pass different shapes or dtypes all get a ``ValueError`` that
-names both (``course_lib.collectives_p2p``) instead of a hang.
+names both (``course_lib.collectives_p2p``) instead of a hang; ``check=False`` skips that
+check when every rank surely passes alike tensors, saving a round of tiny messages per call.
 
 Pass ``counter=ByteCounter()`` to count what this rank sends; the shape check's few bytes are
-not counted. The ring's sends are pipelined: each chunk travels as slices, so the next slice
-is on the wire while the previous one is added (``slice_bytes`` sets their size).
+not counted. The ring is pipelined: each chunk travels as slices of at most ``slice_bytes``
+(4 MB), up to ``PIPELINE_DEPTH`` slices are on the wire while one is added, and
+``ring_all_reduce`` runs both halves as one stream of messages. Slices are large because
+each message has a fixed cost (a Python call, a Gloo handshake, a thread wake-up) that small
+slices would pay too often on a small CPU.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from course_lib.collectives_p2p import (
     Peers,
     check_same_signature,
     check_tensor,
+    receive_buffer,
     resolve_group,
     start_messages,
     wait_all,
@@ -71,10 +77,11 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
 
 
 def _in_place(name: str, tensor: torch.Tensor, group=None, counter=None, *, algorithm,
-              batch: bool | None = None, **options):
+              check: bool = True, batch: bool | None = None, **options):
     """Check the inputs, run ``algorithm(flat, peers)`` on a contiguous 1-D view, copy back.
 
-    ``batch``: send pairs with ``batch_isend_irecv`` (None: only where the backend needs it).
+    ``check``: first make sure every rank passed the same shape and dtype (one round of tiny
+    messages). ``batch``: send pairs with ``batch_isend_irecv`` (None: where NCCL needs it).
     """
     check_tensor(tensor, name)
     group, rank, world_size = resolve_group(group)
@@ -83,7 +90,8 @@ def _in_place(name: str, tensor: torch.Tensor, group=None, counter=None, *, algo
     if batch is None:
         batch = dist.get_backend(group) != "gloo"
     peers = Peers(group, rank, world_size, counter, batch)
-    check_same_signature(tensor, peers, name)  # the same ValueError on every rank, or nothing
+    if check:
+        check_same_signature(tensor, peers, name)  # the same ValueError on every rank, or none
     with torch.no_grad():
         contiguous = tensor.is_contiguous()
         flat = tensor.view(-1) if contiguous else tensor.contiguous().view(-1)  # (numel,)
@@ -94,9 +102,10 @@ def _in_place(name: str, tensor: torch.Tensor, group=None, counter=None, *, algo
     return tensor
 
 
-def naive_all_reduce(tensor: torch.Tensor, group=None, counter: ByteCounter | None = None):
+def naive_all_reduce(tensor: torch.Tensor, group=None, counter: ByteCounter | None = None,
+                     *, check: bool = True):
     """Gather every tensor on rank 0, add them there, send the sum back. In place; returns it."""
-    return _in_place("naive_all_reduce", tensor, group, counter, algorithm=_naive)
+    return _in_place("naive_all_reduce", tensor, group, counter, algorithm=_naive, check=check)
 
 
 def _naive(flat: torch.Tensor, peers: Peers) -> None:
@@ -104,7 +113,7 @@ def _naive(flat: torch.Tensor, peers: Peers) -> None:
         wait_all(start_messages(peers, send=(flat, 0)))
         wait_all(start_messages(peers, recv=(flat, 0)))  # the sum, computed on rank 0
         return
-    incoming = torch.empty_like(flat)  # (numel,) one other rank's tensor at a time
+    incoming = receive_buffer(flat.numel(), flat)  # (numel,) one other rank's tensor at a time
     for src in range(1, peers.world_size):
         wait_all(start_messages(peers, recv=(incoming, src)))
         flat.add_(incoming)  # always in rank order: 0 + 1 + 2 + ...
@@ -115,27 +124,31 @@ def _naive(flat: torch.Tensor, peers: Peers) -> None:
 
 
 def ring_all_reduce(tensor: torch.Tensor, group=None, counter: ByteCounter | None = None,
-                    *, slice_bytes: int = SLICE_BYTES):
-    """Reduce-scatter then all-gather round a ring. In place; returns ``tensor``."""
+                    *, slice_bytes: int = SLICE_BYTES, check: bool = True):
+    """Reduce-scatter then all-gather round a ring. In place; returns ``tensor``.
+
+    ``check=False`` skips the shape and dtype check: only when every rank surely passes alike
+    tensors (it saves one round of tiny messages per call).
+    """
     return _in_place("ring_all_reduce", tensor, group, counter, algorithm=_ring_all_reduce,
-                     slice_bytes=slice_bytes)
+                     slice_bytes=slice_bytes, check=check)
 
 
 def ring_reduce_scatter(tensor: torch.Tensor, group=None, counter: ByteCounter | None = None,
-                        *, slice_bytes: int = SLICE_BYTES):
+                        *, slice_bytes: int = SLICE_BYTES, check: bool = True):
     """Afterwards chunk r (``chunk_bounds``) of ``tensor.view(-1)`` on rank r holds the full sum.
 
     The other chunks hold partial sums. In place; returns ``tensor``.
     """
     return _in_place("ring_reduce_scatter", tensor, group, counter, algorithm=_reduce_scatter,
-                     slice_bytes=slice_bytes)
+                     slice_bytes=slice_bytes, check=check)
 
 
 def ring_all_gather(tensor: torch.Tensor, group=None, counter: ByteCounter | None = None,
-                    *, slice_bytes: int = SLICE_BYTES):
+                    *, slice_bytes: int = SLICE_BYTES, check: bool = True):
     """Rank r's chunk r is final; fill every other chunk from its owner. In place; returns it."""
     return _in_place("ring_all_gather", tensor, group, counter, algorithm=_all_gather,
-                     slice_bytes=slice_bytes)
+                     slice_bytes=slice_bytes, check=check)
 
 
 @dataclass(frozen=True)
@@ -179,7 +192,7 @@ def _run_ring(units: list[RingUnit], num_slices: int, flat: torch.Tensor, peers:
     right, left = (peers.rank + 1) % peers.world_size, (peers.rank - 1) % peers.world_size
     depth = min(PIPELINE_DEPTH, num_slices - 1)
     longest = max((u.recv.numel() for u in units if u.add), default=0)
-    spare = torch.empty((depth + 1, longest), dtype=flat.dtype, device=flat.device)
+    spare = receive_buffer((depth + 1) * longest, flat).view(depth + 1, longest)
     started = []  # (works, where the incoming slice lands) per unit, in order
     for i, unit in enumerate(units):
         while len(started) < min(i + depth + 1, len(units)):  # keep `depth` units ahead
@@ -210,10 +223,10 @@ def _ring_all_reduce(flat: torch.Tensor, peers: Peers, slice_bytes: int) -> None
 
 
 def recursive_doubling_all_reduce(tensor: torch.Tensor, group=None,
-                                  counter: ByteCounter | None = None):
+                                  counter: ByteCounter | None = None, *, check: bool = True):
     """Swap and add with rank XOR 1, 2, 4, ...; extra ranks fold in first. In place; returns."""
     return _in_place("recursive_doubling_all_reduce", tensor, group, counter,
-                     algorithm=_recursive_doubling)
+                     algorithm=_recursive_doubling, check=check)
 
 
 def _recursive_doubling(flat: torch.Tensor, peers: Peers) -> None:
@@ -223,7 +236,7 @@ def _recursive_doubling(flat: torch.Tensor, peers: Peers) -> None:
         wait_all(start_messages(peers, send=(flat, r - power)))
         wait_all(start_messages(peers, recv=(flat, r - power)))
         return
-    incoming = torch.empty_like(flat)  # (numel,) the partner's partial sum
+    incoming = receive_buffer(flat.numel(), flat)  # (numel,) the partner's partial sum
     if r + power < n:  # fold: my tensor + the extra rank's
         wait_all(start_messages(peers, recv=(incoming, r + power)))
         flat.add_(incoming)

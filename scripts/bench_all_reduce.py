@@ -44,7 +44,7 @@ from course_lib.launch import LaunchError, launch  # noqa: E402
 WORKER = "course_lib.demos.bench_all_reduce_worker"
 FULL_SIZES = [4 ** k * 4096 for k in range(8)]  # 4 KB, 16 KB, ..., 64 MB
 QUICK_SIZES = [4096, 262144, 4194304, 16777216]
-OURS = ("naive", "ring", "recursive_doubling")
+OURS = ("naive", "ring", "ring_unchecked", "recursive_doubling")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -77,13 +77,15 @@ def run_world(world_size: int, args: argparse.Namespace) -> dict:
 def add_bandwidths(result: dict) -> list[dict]:
     """Rows with algbw, busbw (GB/s) and the ratio to PyTorch at the same size."""
     n = result["world_size"]
-    torch_time = {r["bytes"]: r["median_s"] for r in result["rows"] if r["algorithm"] == "torch"}
+    torch_rows = {r["bytes"]: r for r in result["rows"] if r["algorithm"] == "torch"}
     rows = []
     for r in result["rows"]:
         algbw = r["bytes"] / r["median_s"] / 1e9  # GB/s of the tensor itself
+        theirs = torch_rows[r["bytes"]]
         rows.append({**r, "world_size": n, "algbw_GBps": algbw,
                      "busbw_GBps": algbw * 2 * (n - 1) / n,  # what each ring link carries
-                     "vs_torch": torch_time[r["bytes"]] / r["median_s"]})
+                     "vs_torch": theirs["median_s"] / r["median_s"],  # bandwidth ratio
+                     "cpu_vs_torch": theirs["cpu_median_s"] / r["cpu_median_s"]})
     return rows
 
 
@@ -96,12 +98,12 @@ def human_bytes(n: int) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'N':>2} {'size':>7} {'algorithm':>18} {'median ms':>10} {'algbw GB/s':>10} "
-          f"{'busbw GB/s':>10} {'vs torch':>8} {'equal':>5}")
+    print(f"{'N':>2} {'size':>7} {'algorithm':>18} {'median ms':>10} {'busbw GB/s':>10} "
+          f"{'vs torch':>8} {'cpu ms':>8} {'cpu vs torch':>12} {'equal':>5}")
     for r in rows:
         print(f"{r['world_size']:>2} {human_bytes(r['bytes']):>7} {r['algorithm']:>18} "
-              f"{r['median_s'] * 1e3:>10.3f} {r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} "
-              f"{r['vs_torch']:>7.2f}x {str(r['equal']):>5}")
+              f"{r['median_s'] * 1e3:>10.3f} {r['busbw_GBps']:>10.3f} {r['vs_torch']:>7.2f}x "
+              f"{r['cpu_median_s'] * 1e3:>8.2f} {r['cpu_vs_torch']:>11.2f}x {str(r['equal']):>5}")
 
 
 def summary_lines(rows: list[dict]) -> list[str]:

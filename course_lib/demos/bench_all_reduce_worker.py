@@ -7,8 +7,9 @@ Runs on any world size >= 2, on Gloo (CPU) or NCCL (one GPU per process). For ea
 size (bytes of a float32 tensor) it first checks once that every algorithm's result equals
 ``dist.all_reduce``'s, then times warm-up + repeats calls of each algorithm, interleaved so
 that a slow moment of the machine hits all of them alike. A call's time is the slowest rank's
-(the all-reduce is done when the last rank has its sum). Rank 0 hands back the median per
-algorithm and size with ``save_result``; ``scripts/bench_all_reduce.py`` drives it.
+(the all-reduce is done when the last rank has its sum); its CPU time is the sum over ranks.
+Rank 0 hands back the medians per algorithm and size with ``save_result``;
+``scripts/bench_all_reduce.py`` drives it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,7 @@ def torch_all_reduce(tensor, group=None):
 
 
 ALGORITHMS = {"naive": naive_all_reduce, "ring": ring_all_reduce,
+              "ring_unchecked": partial(ring_all_reduce, check=False),  # no shape check
               "recursive_doubling": recursive_doubling_all_reduce, "torch": torch_all_reduce}
 
 
@@ -65,24 +68,32 @@ def results_equal(w, source: torch.Tensor, names: list[str]) -> dict[str, bool]:
 
 
 def time_calls(w, source: torch.Tensor, names: list[str], warmup: int,
-               repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each algorithm, the slowest rank's, repeats x algorithms."""
+               repeats: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Per algorithm: seconds per call (the slowest rank's) and CPU seconds (all ranks').
+
+    The CPU time of a process counts all its threads (Gloo's I/O threads too), so the sum over
+    ranks is the work a call costs, whatever else the machine is doing.
+    """
     buffer = torch.empty_like(source)
-    times = {name: [] for name in names}
+    wall = {name: [] for name in names}
+    cpu = {name: [] for name in names}
     for rep in range(warmup + repeats):
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:  # rotate the order: no one always goes first
             buffer.copy_(source)  # each call sums the same data
             wait_for_device(w.device)
             dist.barrier(group=w.group)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             ALGORITHMS[name](buffer, group=w.group)
             wait_for_device(w.device)
             if rep >= warmup:
-                times[name].append(time.perf_counter() - start)
-    table = torch.tensor([times[n] for n in names], dtype=torch.float64, device=w.device)
-    dist.all_reduce(table, op=dist.ReduceOp.MAX, group=w.group)  # the slowest rank's time
-    return {name: row for name, row in zip(names, table.tolist(), strict=True)}
+                wall[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
+    walls = torch.tensor([wall[n] for n in names], dtype=torch.float64, device=w.device)
+    cpus = torch.tensor([cpu[n] for n in names], dtype=torch.float64, device=w.device)
+    dist.all_reduce(walls, op=dist.ReduceOp.MAX, group=w.group)  # done when the last rank is
+    dist.all_reduce(cpus, group=w.group)  # the work of all ranks together
+    return {name: (walls[i].tolist(), cpus[i].tolist()) for i, name in enumerate(names)}
 
 
 def main() -> None:
@@ -96,9 +107,10 @@ def main() -> None:
             equal = results_equal(w, source, args.algorithms)
             times = time_calls(w, source, args.algorithms, args.warmup, args.repeats)
             for name in args.algorithms:
+                wall, cpu = times[name]
                 rows.append({"algorithm": name, "bytes": source.numel() * 4,
-                             "median_s": statistics.median(times[name]),
-                             "min_s": min(times[name]), "equal": equal[name]})
+                             "median_s": statistics.median(wall), "min_s": min(wall),
+                             "cpu_median_s": statistics.median(cpu), "equal": equal[name]})
             report_progress(i + 1, len(args.sizes), "sizes")
         save_result({"world_size": w.world_size, "backend": w.backend, "rows": rows})
         dist.barrier(group=w.group)  # nobody closes its connections while a peer still talks
