@@ -59,6 +59,14 @@ IMAGES_READY_JS = """(index) => {
 }"""
 
 
+PAINTED_JS = """async (index) => {
+  const cell = window.jupyterapp.shell.currentWidget.content.widgets[index];
+  // decoded images, then two frames: what the screenshot takes is painted
+  await Promise.all([...cell.node.querySelectorAll('img')].map(i => i.decode().catch(() => 0)));
+  await new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
+}"""
+
+
 def kernel_status(page: Page) -> str:
     return page.evaluate(KERNEL_STATUS_JS)
 
@@ -131,6 +139,23 @@ def wait_until_run_ends(page: Page, must_run: list[int], timeout_s: float) -> li
 
 def cell(page: Page, index: int) -> Locator:
     return page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").nth(index)
+
+
+def screenshot_cell(page: Page, index: int, path: str) -> None:
+    """A picture of one cell, taken once the page has painted it in view."""
+    target = cell(page, index)
+    target.scroll_into_view_if_needed()
+    page.evaluate(PAINTED_JS, index)
+    view = page.viewport_size
+    # a one-pixel resize makes headless Chromium repaint everything: an image that arrived
+    # while the cell was in view is otherwise sometimes missing from the picture
+    page.set_viewport_size({"width": view["width"], "height": view["height"] + 1})
+    page.set_viewport_size(view)
+    box = target.bounding_box()
+    if box and 0 <= box["y"] and box["y"] + box["height"] <= view["height"]:
+        page.screenshot(path=path, clip=box)  # what is on screen, as the learner sees it
+    else:
+        target.screenshot(path=path)  # taller than the window: Playwright stitches it
 
 
 def output_fingerprint(page: Page, index: int) -> str:

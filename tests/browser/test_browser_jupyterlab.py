@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from lab_page import (
-    cell,
     clear_outputs,
     move_first_slider,
     open_notebook,
     read_cells,
     run_all_cells,
+    screenshot_cell,
     wait_until_run_ends,
 )
 from lab_server import shut_down_kernels
@@ -78,9 +78,9 @@ def missing_slider(expected: NotebookExpectation, cells: list[dict]) -> list[str
 
 def slider_problems(page, index: int, out: Path) -> list[str]:
     """Move the slider in cell ``index``; its output must change and show no error."""
-    cell(page, index).screenshot(path=str(out / "4_slider_before.png"))
+    screenshot_cell(page, index, str(out / "4_slider_before.png"))
     before, after, how = move_first_slider(page, index)
-    cell(page, index).screenshot(path=str(out / "5_slider_after.png"))
+    screenshot_cell(page, index, str(out / "5_slider_after.png"))
     (out / "slider_move.txt").write_text(f"cell {index}, moved by {how}\n--- output before:\n"
                                          f"{readable(before)}\n--- output after:\n"
                                          f"{readable(after)}\n")
@@ -95,14 +95,14 @@ def slider_problems(page, index: int, out: Path) -> list[str]:
 
 
 def save_evidence(page, expected: NotebookExpectation, out: Path) -> None:
-    """Screenshots of the top of the notebook, the first plot and the first multi-rank cell."""
+    """Screenshots of the top of the notebook, the first plot and a cell with rank lines."""
     page.screenshot(path=str(out / "1_after_run_all.png"))
     plots = [c.index for c in expected.cells if c.png_count]
     if plots:
-        cell(page, plots[0]).screenshot(path=str(out / "2_first_plot.png"))
-    if expected.multi_rank_cells:
-        cell(page, expected.multi_rank_cells[0].index).screenshot(
-            path=str(out / "3_rank_lines.png"))
+        screenshot_cell(page, plots[0], str(out / "2_first_plot.png"))
+    with_ranks = expected.multi_rank_cells or [c for c in expected.cells if c.ranks]
+    if with_ranks:
+        screenshot_cell(page, with_ranks[0].index, str(out / "3_rank_lines.png"))
 
 
 def save_failure_screenshots(page, out: Path) -> None:
@@ -113,7 +113,7 @@ def save_failure_screenshots(page, out: Path) -> None:
         bad = [i for i, c in enumerate(cells) if c["errors"]]
         bad += [i for i, c in enumerate(cells) if c["kind"] == "code" and c["prompt"] == "[ ]:"]
         if bad:
-            cell(page, bad[0]).screenshot(path=str(out / f"failure_cell_{bad[0]}.png"))
+            screenshot_cell(page, bad[0], str(out / f"failure_cell_{bad[0]}.png"))
     except Exception as error:  # noqa: BLE001 - the test's own failure matters more
         (out / "failure_screenshot_error.txt").write_text(repr(error))
 
