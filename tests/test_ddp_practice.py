@@ -3,7 +3,6 @@ BatchNorm over the global batch, and our trainer against DDP."""
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from course_lib.demos.ddp_practice import PLACEMENTS, sampler_orders, sync_batch_norm
@@ -29,16 +28,6 @@ def test_without_set_epoch_every_epoch_repeats_the_same_order():
     fresh = sampler_orders(16, 2, epochs=3, set_epoch=True)
     assert fresh[0] == same[0]  # epoch 0 is seed + 0 either way
     assert fresh[1] != fresh[0] and fresh[2] != fresh[1]
-
-
-@pytest.fixture
-def one_process_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def test_sync_batch_norm_on_one_rank_is_batch_norm(one_process_group):

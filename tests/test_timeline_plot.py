@@ -3,7 +3,6 @@
 import matplotlib
 import pytest
 import torch
-import torch.distributed as dist
 
 from course_lib.timeline_plot import (
     backward_end_s,
@@ -78,16 +77,6 @@ def test_many_collectives_share_one_lane():
     fig = plot_timelines({"per parameter": events, "overlap": OVERLAP})
     assert len(fig.axes) == 2
     matplotlib.pyplot.close("all")
-
-
-@pytest.fixture
-def one_process_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_real_overlap_timeline_draws(one_process_group):

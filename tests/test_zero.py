@@ -3,7 +3,6 @@ rank, exactly one all-reduce's bytes; one 4-process run covers group sizes 1, 2,
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from course_lib.collectives import chunk_bounds
 from course_lib.launch import launch
@@ -35,16 +34,6 @@ def test_state_bytes_counts_adam_moments_and_steps():
     p.grad = torch.ones(10)
     opt.step()
     assert state_bytes(opt) == 10 * 4 * 2 + 4  # exp_avg, exp_avg_sq (fp32) and a step count
-
-
-@pytest.fixture
-def one_process_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def test_one_rank_is_plain_adamw_bit_for_bit(one_process_group):
