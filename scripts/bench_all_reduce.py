@@ -5,25 +5,37 @@
     python scripts/bench_all_reduce.py --world-sizes 2 --sizes 4194304 --repeats 30
 
 For each world size it launches ``course_lib.demos.bench_all_reduce_worker`` (through
-``course_lib.launch``), which checks once per size that naive, ring and recursive doubling
-give what ``dist.all_reduce`` gives, then times warm-up + repeats calls of each, interleaved.
-Reported per algorithm, size and world size: the median time (the slowest rank's, per call),
-the algorithm bandwidth ``algbw = bytes / time`` and the bus bandwidth
-``busbw = algbw * 2(N-1)/N`` (the definition of nccl-tests: what each link carries in a ring,
-comparable across N), and ours/PyTorch = PyTorch's time / ours (above 1: ours is faster).
-Writes a table to stdout, ``all_reduce.json`` and ``all_reduce.png`` to ``--out``.
+``course_lib.launch``), which checks once per size that every algorithm gives what
+``dist.all_reduce`` gives, then times warm-up + repeats calls of each, interleaved. It writes
+a table to stdout, ``all_reduce.json`` and ``all_reduce.png`` (bus bandwidth against size)
+to ``--out`` (default ``.bench/``, not tracked by git).
 
-What to expect on a small CPU machine (Gloo over loopback TCP, one thread per process):
-- Large messages (>= 4 MB): the pipelined ring and Gloo's own all-reduce run the same
-  algorithm (reduce-scatter then all-gather round a ring, each chunk cut into segments so
-  that sending one overlaps adding another) and move the same bytes, so they come out about
-  even; the gap, either way, is within the run-to-run noise of a shared 2-core machine.
-  Our extra costs: one Python call per slice (``batch_isend_irecv`` and ``wait``, tens of
-  microseconds each) and the shape check (a round trip through rank 0). Slices of about
-  1 MB keep the Python share small; smaller slices overlap better but pay more calls.
-- Small messages: each message costs a fixed latency (Python, the Gloo handshake, a
-  context switch when more processes than cores share the CPU), so fewer messages win: naive
-  and recursive doubling beat our ring, and Gloo's C++ loop beats all three.
+Columns: the median wall time of a call (the slowest rank's); the bus bandwidth
+``busbw = bytes / time * 2(N-1)/N`` (nccl-tests' definition: what each link of a ring carries,
+comparable across N); ours/PyTorch = PyTorch's time / ours (above 1: ours is faster); the
+median CPU time of a call summed over ranks (all threads, Gloo's I/O threads too) and the
+same ratio for CPU time. On a shared machine wall times swing by 10-20 % from run to run;
+CPU times are steadier and show what each algorithm costs, whatever else is running.
+
+What we found on a 2-core CPU (Gloo over loopback TCP, one thread per process), and why:
+- The ring does what Gloo's own all-reduce does (reduce-scatter then all-gather round the
+  ring, chunks cut into slices so that sending one overlaps adding another) and moves the same
+  bytes. Without the shape check (``ring_unchecked``) it is level with ``dist.all_reduce``
+  from 4 MB on (0.9-1.1x, within the noise); the default ``ring`` is level from 16 MB on.
+- The gap at 4 MB is the shape check: one extra round of tiny messages before any data
+  moves. On a quiet machine a round costs a fraction of a millisecond; when more runnable threads
+  than cores compete, each round waits for the peer to be scheduled, milliseconds.
+  ``check=False`` removes it, for callers that know every rank passes alike tensors.
+- What we tried, judged by CPU time: (1) receive buffers reused from call to call: the
+  biggest gain (fresh memory is zeroed page by page on first touch, about 2 ms of CPU per
+  4 MB, more than the add itself); (2) slice size: every message costs a fixed ~0.1-0.2 ms of
+  CPU here (Gloo's handshake and thread wake-ups; Python's share is small), so 256 KB slices
+  doubled the CPU time and 4 MB slices came out best; (3) two or four slices in flight, one
+  stream of messages for both halves of the ring, ``isend``/``irecv`` called directly on Gloo
+  (``batch_isend_irecv`` only loops over them there; NCCL gets the batch): small effects,
+  within the noise.
+- Small messages: each message costs a fixed latency, so fewer messages win: naive and
+  recursive doubling beat our ring, and Gloo's C++ loop beats all three.
 - With 4 processes on 2 cores, processes wait for a core; every algorithm slows down and the
   times vary more. Naive suffers most at large sizes: rank 0 moves (N-1) whole tensors.
 """
@@ -70,7 +82,12 @@ def run_world(world_size: int, args: argparse.Namespace) -> dict:
     worker_args = ["--sizes", *map(str, args.sizes), "--repeats", str(args.repeats),
                    "--warmup", str(args.warmup)]
     timeout = 120 + 20 * len(args.sizes) * args.repeats
-    run = launch(WORKER, nproc=world_size, args=worker_args, timeout_s=timeout, quiet=True)
+    try:
+        run = launch(WORKER, nproc=world_size, args=worker_args, timeout_s=timeout, quiet=True)
+    except LaunchError as e:  # once more: a rank can abort while Gloo tears down under load
+        print(f"[bench] {world_size} processes failed ({str(e).splitlines()[0]}); once more",
+              flush=True)
+        run = launch(WORKER, nproc=world_size, args=worker_args, timeout_s=timeout, quiet=True)
     return run.result
 
 
@@ -110,11 +127,12 @@ def summary_lines(rows: list[dict]) -> list[str]:
     """The target: the ring against dist.all_reduce for messages of 4 MB and more."""
     lines = []
     for n in sorted({r["world_size"] for r in rows}):
-        big = [r["vs_torch"] for r in rows if r["world_size"] == n
-               and r["algorithm"] == "ring" and r["bytes"] >= 4 * 2**20]
-        if big:
-            lines.append(f"ring vs dist.all_reduce at {n} processes, >= 4 MB: "
-                         f"min {min(big):.2f}x, median {statistics.median(big):.2f}x")
+        for name in ("ring", "ring_unchecked"):
+            big = [r["vs_torch"] for r in rows if r["world_size"] == n
+                   and r["algorithm"] == name and r["bytes"] >= 4 * 2**20]
+            if big:
+                lines.append(f"{name} vs dist.all_reduce at {n} processes, >= 4 MB: "
+                             f"min {min(big):.2f}x, median {statistics.median(big):.2f}x")
     return lines
 
 
