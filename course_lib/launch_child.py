@@ -112,7 +112,10 @@ def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     sys.stderr.flush()
     write_json_atomic(exit_path, {"rank": rank, "code": code, "error": error,
                                   "time": time.time()})
-    sys.exit(code)
+    # Leave now: the work is done and recorded. A normal interpreter exit runs C++ destructors
+    # while Gloo's threads may still run, which can abort ("terminate called without an
+    # active exception") and turn a finished rank into a failed one.
+    os._exit(code)
 
 
 def main(argv: list[str]) -> None:
