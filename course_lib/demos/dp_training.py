@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from course_lib.batching import micro_batch_slice
 from course_lib.launch import save_result
 from course_lib.train import train
 from course_lib.train_config import LOSS_NORMS, SYNCS, TrainConfig, check_config
@@ -34,6 +35,16 @@ def parse_split(text: str, steps: int, seed: int) -> TrainConfig:
                                          f"LOSS_NORM one of {LOSS_NORMS}")
     return TrainConfig(steps=steps, accum_steps=int(parts[0]), micro_batch=int(parts[1]),
                        sync=sync, loss_norm=loss_norm, seed=seed, log_every=max(1, steps // 2))
+
+
+def describe_share(config: TrainConfig, rank: int, world_size: int) -> str:
+    """Which rows of every global batch this rank trains on (each rank prints its own)."""
+    global_size = world_size * config.accum_steps * config.micro_batch
+    first = micro_batch_slice(global_size, rank, 0, world_size, config.accum_steps)
+    last = micro_batch_slice(global_size, rank, config.accum_steps - 1, world_size,
+                             config.accum_steps)
+    return (f"rank {rank}: rows {first.start}-{last.stop - 1} of each global batch of "
+            f"{global_size}, as {config.accum_steps} micro-batch(es) of {config.micro_batch}")
 
 
 def parse_args() -> tuple[list[TrainConfig], int]:
@@ -56,6 +67,7 @@ def main() -> None:
         runs = []
         for config in configs:
             check_config(config, w.world_size, w.local_world_size)
+            print(describe_share(config, w.rank, w.world_size), flush=True)
             seed_everything(seed + w.rank)  # as a fresh launch: worker() seeds seed + rank
             result = train(config, w, config.sync)
             result["loss_norm"] = config.loss_norm
