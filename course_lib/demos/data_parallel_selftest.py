@@ -48,8 +48,8 @@ VARIANTS = {  # label: GradSync options
                      "find_unused_parameters": True, "gradient_as_bucket_view": True},
     "overlap one bucket": {"strategy": "overlap", "bucket_mb": 25.0},
 }
-COUNTED = ("all_reduce", "broadcast", "send", "recv", "batch_isend_irecv", "all_gather",
-           "reduce_scatter", "reduce", "gather", "scatter")  # torch.distributed calls watched
+COUNTED = ("all_reduce", "broadcast", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+           "all_gather", "reduce_scatter", "reduce", "gather", "scatter")  # calls watched
 
 
 class SmallNet(nn.Module):
