@@ -228,13 +228,24 @@ def _agent_root_cause(agent_log_path: str):
 
 
 def _processes(agent: subprocess.Popen, run_dir: str) -> list[psutil.Process]:
-    """The agent and its descendants (workers left without an agent die with it)."""
+    """The agent, its descendants, and every worker recorded in ``rank{R}.pid`` (a worker
+    whose agent is already gone is no longer its descendant)."""
     procs = []
     try:
         parent = psutil.Process(agent.pid)
         procs = [parent, *parent.children(recursive=True)]
     except psutil.NoSuchProcess:
         pass
+    known = {p.pid for p in procs}
+    for path in glob.glob(os.path.join(run_dir, "rank*.pid")):
+        try:
+            with open(path) as f:
+                worker = psutil.Process(int(f.read().strip()))
+            if worker.pid not in known and "course_lib.launch_child" in " ".join(
+                    worker.cmdline()):  # the pid still names one of our workers
+                procs.append(worker)
+        except (ValueError, OSError, psutil.Error):
+            continue
     return procs
 
 
