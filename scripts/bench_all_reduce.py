@@ -5,7 +5,7 @@
     python scripts/bench_all_reduce.py --world-sizes 2 --sizes 4194304 --repeats 30
 
 For each world size it launches ``course_lib.demos.bench_all_reduce_worker`` (through
-``course_lib.launch``), which checks once per size that every algorithm gives what
+``course_lib.runtime.launch``), which checks once per size that every algorithm gives what
 ``dist.all_reduce`` gives, then times warm-up + repeats calls of each, interleaved. It writes
 a table to stdout, ``all_reduce.json`` and ``all_reduce.png`` (bus bandwidth against size)
 to ``--out`` (default ``.bench/``, not tracked by git).
@@ -52,9 +52,8 @@ import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # run from anywhere: course_lib lives in the repository root
 
-from course_lib.launch import LaunchError, launch  # noqa: E402
+from course_lib.runtime.launch import LaunchError, launch  # noqa: E402
 
 WORKER = "course_lib.demos.bench_all_reduce_worker"
 FULL_SIZES = [4 ** k * 4096 for k in range(8)]  # 4 KB, 16 KB, ..., 64 MB

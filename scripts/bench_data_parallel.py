@@ -1,11 +1,11 @@
-"""How fast is each gradient-sync strategy of course_lib.data_parallel next to torch DDP?
+"""How fast is each gradient-sync strategy of course_lib.core.data_parallel next to torch DDP?
 
     python scripts/bench_data_parallel.py              # full run, a few minutes
     python scripts/bench_data_parallel.py --quick      # under a minute
     python scripts/bench_data_parallel.py --out .bench --bucket-mb 25,1 --nproc 2
 
 Runs ``course_lib.demos.bench_data_parallel_worker`` on ``--nproc`` processes (Gloo on CPU,
-NCCL with one GPU per process) for the tiny transformer of ``course_lib.models`` (~27k
+NCCL with one GPU per process) for the tiny transformer of ``course_lib.tasks.models`` (~27k
 parameters: latency and Python overhead dominate) and a wide MLP (13.7M parameters, 55 MB of
 gradients: bytes dominate), at each bucket size, with the same bucket size for DDP. Every
 configuration trains its own copy of the same model; they take turns so that a slow spell of
@@ -55,10 +55,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from course_lib.launch import LaunchError, launch  # noqa: E402
-from course_lib.timeline import plot_timeline  # noqa: E402
+from course_lib.lessons.timeline import plot_timeline  # noqa: E402
+from course_lib.runtime.launch import LaunchError, launch  # noqa: E402
 
 WORKER = "course_lib.demos.bench_data_parallel_worker"
 FULL = {"steps": 10, "rounds": 5, "warmup": 3, "width": 2048, "depth": 3, "batch": 16}

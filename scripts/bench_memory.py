@@ -27,12 +27,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from course_lib.accumulation import scale_by_global_tokens, sum_token_loss  # noqa: E402
-from course_lib.memory_peak import SavedTensorPeak, cuda_step_peak  # noqa: E402
-from course_lib.models import TransformerConfig, make_transformer  # noqa: E402
-from course_lib.sequences import global_batch  # noqa: E402
+from course_lib.core.accumulation import scale_by_global_tokens, sum_token_loss  # noqa: E402
+from course_lib.lessons.memory_peak import SavedTensorPeak, cuda_step_peak  # noqa: E402
+from course_lib.tasks.models import TransformerConfig, make_transformer  # noqa: E402
+from course_lib.tasks.sequences import global_batch  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

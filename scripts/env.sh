@@ -32,9 +32,15 @@ if [ "$want" != "$have" ] || [ ! -x "$VENV/bin/python" ]; then
   echo "$want" > "$VENV/.requirements.sha256"
   echo "[setup] environment ready"
 fi
-# The course's own package: a .pth file lets every Python of .venv (and its Jupyter kernels)
-# import course_lib from this checkout, wherever it was cloned.
-site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-[ "$(cat "$site/course_lib_root.pth" 2>/dev/null)" = "$ROOT" ] || echo "$ROOT" > "$site/course_lib_root.pth"
+# The course's own package, installed in editable mode (pyproject.toml): every Python of .venv,
+# its Jupyter kernels and the processes they launch import course_lib from this checkout.
+if ! "$VENV/bin/python" -P -c 'import os, sys, course_lib
+sys.exit(os.path.dirname(os.path.dirname(os.path.abspath(course_lib.__file__))) != sys.argv[1])' \
+    "$ROOT" 2>/dev/null; then
+  log="$("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+         -e "$ROOT" 2>&1)" \
+    || { echo "$log" >&2; echo "error: installing the course package (pip install -e .) failed" >&2
+         exit 1; }
+fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"

@@ -8,8 +8,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/.bench/gpu}"
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 cd "$ROOT"
+# the course package from this checkout, in editable mode (no download: setuptools is at hand)
+"$PY" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT" \
+  || { echo "error: could not install the course package with $PY (pip install -e .)" >&2; exit 1; }
 mkdir -p "$OUT"
 gpus="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)" \
   || { echo "error: $PY cannot import torch; set PYTHON=/path/to/python-with-torch" >&2; exit 1; }
@@ -20,12 +23,12 @@ fi
 echo "== GPU check, $(date -u +%Y-%m-%d)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PY" - <<'PY'
-from course_lib.environment import environment_report, print_report
+from course_lib.runtime.environment import environment_report, print_report
 print_report(environment_report(nproc=1))
 PY
 
 echo "== hello on $gpus process(es), one per GPU"
-"$PY" -m course_lib.launch --nproc "$gpus" course_lib.demos.hello
+"$PY" -m course_lib.runtime.launch --nproc "$gpus" course_lib.demos.hello
 
 echo "== training entry point: tiny transformer, NCCL, $gpus process(es)"
 for sync in ddp ring overlap; do

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib.accumulation import (
+from course_lib.core.accumulation import (
     accumulate_gradients,
     all_reduce_token_count,
     big_batch_backward,
@@ -13,9 +13,9 @@ from course_lib.accumulation import (
     scale_for_micro_steps,
     sum_token_loss,
 )
-from course_lib.batching import micro_batches_of_rank
-from course_lib.models import TransformerConfig, make_transformer
-from course_lib.sequences import global_batch, sum_text, texts_to_batch
+from course_lib.tasks.batching import micro_batches_of_rank
+from course_lib.tasks.models import TransformerConfig, make_transformer
+from course_lib.tasks.sequences import global_batch, sum_text, texts_to_batch
 
 TINY = TransformerConfig(d_model=16, n_layers=1)  # small for test speed
 

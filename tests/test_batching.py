@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from course_lib.batching import (
+from course_lib.tasks.batching import (
     micro_batch,
     micro_batch_size,
     micro_batch_slice,
     micro_batches_of_rank,
 )
-from course_lib.sequences import TokenBatch, global_batch
+from course_lib.tasks.sequences import TokenBatch, global_batch
 
 
 @pytest.mark.parametrize("world_size, accum_steps", [(1, 1), (1, 4), (2, 2), (4, 1), (2, 3)])

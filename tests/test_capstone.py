@@ -1,4 +1,4 @@
-"""course_lib.capstone: measured memory, the challenge's design, splits, and real runs."""
+"""course_lib.lessons.capstone: measured memory, the challenge's design, splits, and real runs."""
 
 import itertools
 from types import SimpleNamespace
@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib import capstone
-from course_lib.capstone import KIB, Challenge, Split
-from course_lib.models import count_parameters, parameter_checksum
-from course_lib.train import build
-from course_lib.train_config import DEFAULT_MICRO_BATCH, TrainConfig
+from course_lib.lessons import capstone
+from course_lib.lessons.capstone import KIB, Challenge, Split
+from course_lib.tasks.models import count_parameters, parameter_checksum
+from course_lib.train.config import DEFAULT_MICRO_BATCH, TrainConfig
+from course_lib.train.trainer import build
 
 SIZES = (1, 2, 4, 8, 16)
 

@@ -4,7 +4,7 @@ import pytest
 
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb00 import caught_failure, hello_on_three
-from course_lib.launch import LaunchError, LaunchResult
+from course_lib.runtime.launch import LaunchError, LaunchResult
 
 
 def run_with_ranks(ranks):

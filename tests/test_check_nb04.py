@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from course_lib import replicas
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb04 import average_gradients, shard, warmup
+from course_lib.lessons import replicas
 
 
 def by_parameter(replica_list):

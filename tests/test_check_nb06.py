@@ -4,7 +4,7 @@ import pytest
 
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb06 import reduce_scatter_step, ring_bytes
-from course_lib.collectives import chunk_bounds
+from course_lib.core.collectives import chunk_bounds
 
 
 def reference_step(chunks, step):

@@ -4,11 +4,11 @@ import re
 
 import pytest
 
-from course_lib import capstone
-from course_lib.capstone import Challenge, Split
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb11 import capstone_run, fewest_micro_steps, largest_micro_batch
-from course_lib.launch import LaunchError
+from course_lib.lessons import capstone
+from course_lib.lessons.capstone import Challenge, Split
+from course_lib.runtime.launch import LaunchError
 
 
 def not_done(*args):

@@ -1,9 +1,9 @@
-"""Hand-written collectives (course_lib.collectives) against dist.all_reduce, on Gloo.
+"""Hand-written collectives (course_lib.core.collectives) against dist.all_reduce, on Gloo.
 
 One launch of ``course_lib.demos.collectives_selftest`` per world size (1, 2, 3, 4) runs every
 algorithm on awkward tensors; the tests here assert on the summary it hands back. Expected
 byte counts are computed here from the chunk sizes of ``torch.tensor_split``, independently of
-``course_lib.collectives.chunk_bounds``.
+``course_lib.core.collectives.chunk_bounds``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import threading
 import pytest
 import torch
 
-from course_lib.collectives import ByteCounter, chunk_bounds, ring_all_reduce
-from course_lib.collectives_p2p import REUSED_BYTES_MAX, describe, receive_buffer, signature
-from course_lib.launch import launch
+from course_lib.core.collectives import ByteCounter, chunk_bounds, ring_all_reduce
+from course_lib.core.collectives_p2p import REUSED_BYTES_MAX, describe, receive_buffer, signature
+from course_lib.runtime.launch import launch
 
 WORLD_SIZES = [1, 2, 3, 4]
 RING_LIKE = ("ring", "ring_halves", "ring_small_slices", "ring_tiny_slices", "ring_batched",
@@ -110,7 +110,7 @@ def test_receive_buffers_are_reused_per_thread_and_dtype():
 
 
 def test_without_process_group_the_error_says_how_to_start():
-    with pytest.raises(RuntimeError, match="course_lib.worker"):
+    with pytest.raises(RuntimeError, match="course_lib.runtime.worker"):
         ring_all_reduce(torch.ones(3))
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from course_lib.cost_model import fit_alpha_beta
 from course_lib.demos.collectives_tour import COLLECTIVES, expected_after, start_of, start_values
-from course_lib.launch import launch
+from course_lib.lessons.cost_model import fit_alpha_beta
+from course_lib.runtime.launch import launch
 
 
 def test_expected_after_follows_each_definition():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from course_lib.cost_model import (
+from course_lib.lessons.cost_model import (
     AlphaBeta,
     all_reduce_messages,
     fit_alpha_beta,

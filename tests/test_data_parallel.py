@@ -1,4 +1,4 @@
-"""course_lib.data_parallel: every strategy equals one process on the whole batch and torch DDP.
+"""course_lib.core.data_parallel: every strategy equals one process on the whole batch and DDP.
 
 Multi-process checks run in ONE launch per world size (course_lib.demos.data_parallel_selftest
 measures on every rank, these tests judge). The pure pieces (bucket plans, graph walk, timeline
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.buckets import (
+from course_lib.core.buckets import (
     MB,
     copy_grad_in,
     copy_grads_out,
@@ -22,10 +22,10 @@ from course_lib.buckets import (
     parameters_in_graph,
     plan_buckets,
 )
-from course_lib.data_parallel import STRATEGIES, GradSync
+from course_lib.core.data_parallel import STRATEGIES, GradSync
 from course_lib.demos.data_parallel_selftest import VARIANTS
-from course_lib.launch import launch
-from course_lib.timeline import merge_intervals, overlap_summary
+from course_lib.lessons.timeline import merge_intervals, overlap_summary
+from course_lib.runtime.launch import launch
 
 GRAD_RTOL, GRAD_ATOL, GRAD_REL_L2 = 1e-5, 1e-7, 1e-6  # COURSE_DESIGN section 4
 PARAM_RTOL, PARAM_ATOL = 1e-5, 1e-5

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from course_lib.demos.ddp_practice import PLACEMENTS, sampler_orders, sync_batch_norm
-from course_lib.launch import launch
+from course_lib.runtime.launch import launch
 
 
 def test_sampler_shards_are_disjoint_and_cover_the_dataset():

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import gradients, toy
+from course_lib.lessons import gradients
+from course_lib.tasks import toy
 
 
 def test_central_difference_of_a_cubic():

@@ -11,7 +11,7 @@ from course_lib.demos.hang_lab import (
     error_line,
     summarise_case,
 )
-from course_lib.launch import LaunchError, launch
+from course_lib.runtime.launch import LaunchError, launch
 
 
 def test_blamed_ranks_are_read_from_monitored_barrier_messages():

@@ -14,7 +14,7 @@ import uuid
 import psutil
 import pytest
 
-from course_lib.launch import LaunchError, launch, save_result
+from course_lib.runtime.launch import LaunchError, launch, save_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULTS = "course_lib.demos.faults"
@@ -140,7 +140,7 @@ def test_bad_input_fails_before_anything_starts(target, nproc, env, message):
 
 
 def cli(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "course_lib.launch", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "course_lib.runtime.launch", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -186,7 +186,7 @@ def test_interrupt_stops_every_process(monkeypatch):
             raise KeyboardInterrupt
         real_sleep(seconds)
 
-    monkeypatch.setattr("course_lib.launch.time.sleep", sleep_then_interrupt)
+    monkeypatch.setattr("course_lib.runtime.launch.time.sleep", sleep_then_interrupt)
     with pytest.raises(LaunchError, match="interrupted"):
         launch(FAULTS, nproc=2, args=["--mode", "sleep", "--seconds", "60", "--tag", tag],
                quiet=True)

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import gradients, memory, toy
+from course_lib.lessons import gradients, memory
+from course_lib.tasks import toy
 
 
 def big_model():

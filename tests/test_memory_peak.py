@@ -3,7 +3,7 @@
 import torch
 import torch.nn as nn
 
-from course_lib.memory_peak import SavedTensorPeak
+from course_lib.lessons.memory_peak import SavedTensorPeak
 
 
 def mlp():  # small for test speed

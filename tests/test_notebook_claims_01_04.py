@@ -9,7 +9,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_lib import memory, plots, toy, widgets  # noqa: E402
+from course_lib.lessons import memory, plots, widgets
+from course_lib.tasks import toy  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

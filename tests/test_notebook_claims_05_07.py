@@ -6,14 +6,14 @@ One launch per (module, world size), shared by the tests that read it (module-sc
 import pytest
 import torch
 
-from course_lib import cost_model, ring_viz
-from course_lib.accumulation import count_target_tokens
-from course_lib.batching import micro_batches_of_rank
-from course_lib.collectives import chunk_bounds
+from course_lib.core.accumulation import count_target_tokens
+from course_lib.core.collectives import chunk_bounds
 from course_lib.demos.collectives_tour import COLLECTIVES, expected_after
-from course_lib.launch import launch
-from course_lib.models import TransformerConfig, make_transformer
-from course_lib.sequences import global_batch
+from course_lib.lessons import cost_model, ring_viz
+from course_lib.runtime.launch import launch
+from course_lib.tasks.batching import micro_batches_of_rank
+from course_lib.tasks.models import TransformerConfig, make_transformer
+from course_lib.tasks.sequences import global_batch
 
 pytestmark = pytest.mark.slow
 PINGPONG_SIZES = [8, 1024, 65536, 1048576, 4194304]

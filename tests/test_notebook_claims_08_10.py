@@ -17,12 +17,12 @@ import pytest
 import torch
 from torch.distributed.run import get_args_parser
 
-from course_lib.buckets import MB, plan_buckets
-from course_lib.checkpoint import CRASH_ENV, checkpoint_path, load_checkpoint
+from course_lib.core.buckets import MB, plan_buckets
 from course_lib.demos.bucket_sweep import STRATEGIES, make_mlp
-from course_lib.launch import LaunchError, launch
-from course_lib.timeline_plot import comm_starts_before_backward_ends
-from course_lib.train_config import parse_config
+from course_lib.lessons.timeline_plot import comm_starts_before_backward_ends
+from course_lib.runtime.launch import LaunchError, launch
+from course_lib.train.checkpoint import CRASH_ENV, checkpoint_path, load_checkpoint
+from course_lib.train.config import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "scripts" / "slurm_train.sbatch"

@@ -5,8 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import accumulation, batching, gradients, models, pitfalls, sequences, toy
-from course_lib.pitfalls import TrainConfig
+from course_lib.core import accumulation
+from course_lib.lessons import gradients, pitfalls
+from course_lib.lessons.pitfalls import TrainConfig
+from course_lib.tasks import batching, models, sequences, toy
 
 rel = gradients.relative_error
 
@@ -196,7 +198,7 @@ def test_memory_and_time_against_accumulation_steps():
     x, y = toy.two_moons(512, seed=3)
     ks = [1, 2, 4, 8, 16, 32, 64]
     used, seconds = pitfalls.accumulation_cost(wide, x, y, ks)
-    from course_lib.memory import fit_line
+    from course_lib.lessons.memory import fit_line
 
     _, _, worst = fit_line([512 // k for k in ks], used)
     assert worst < 0.01 and all(a > b for a, b in zip(used, used[1:], strict=False))

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import gradients, replicas, toy
+from course_lib.lessons import gradients, replicas
+from course_lib.tasks import toy
 
 
 @pytest.fixture(scope="module")

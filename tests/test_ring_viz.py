@@ -8,9 +8,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_lib import ring_viz  # noqa: E402
-from course_lib.collectives import chunk_bounds  # noqa: E402
-from course_lib.launch import launch  # noqa: E402
+from course_lib.core.collectives import chunk_bounds  # noqa: E402
+from course_lib.lessons import ring_viz  # noqa: E402
+from course_lib.runtime.launch import launch  # noqa: E402
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib.sequences import (
+from course_lib.tasks.sequences import (
     END,
     IGNORE,
     PAD,

@@ -4,7 +4,7 @@ import matplotlib
 import pytest
 import torch
 
-from course_lib.timeline_plot import (
+from course_lib.lessons.timeline_plot import (
     backward_end_s,
     comm_starts_before_backward_ends,
     first_comm_start_s,
@@ -80,7 +80,7 @@ def test_many_collectives_share_one_lane():
 
 
 def test_a_real_overlap_timeline_draws(one_process_group):
-    from course_lib.data_parallel import GradSync
+    from course_lib.core.data_parallel import GradSync
 
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])  # small
     gs = GradSync(model, one_process_group, strategy="overlap", bucket_mb=0.02)

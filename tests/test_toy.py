@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib import toy
+from course_lib.tasks import toy
 
 
 def test_two_moons_is_a_function_of_the_seed():

@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from course_lib.launch import launch
-from course_lib.models import make_transformer
-from course_lib.train import run_single_process
-from course_lib.train_config import parse_config
+from course_lib.runtime.launch import launch
+from course_lib.tasks.models import make_transformer
+from course_lib.train.config import parse_config
+from course_lib.train.trainer import run_single_process
 
 STEPS = 6
 COMMON = ["--steps", str(STEPS), "--global-batch", "32", "--seed", "3", "--warmup-steps", "2",

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch.distributed as dist
 
-from course_lib.train import main, without_nproc
-from course_lib.train_config import TrainConfig, check_config, parse_config
+from course_lib.train.config import TrainConfig, check_config, parse_config
+from course_lib.train.trainer import main, without_nproc
 
 
 def run_main(argv, capsys):

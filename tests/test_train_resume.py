@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 
-from course_lib.checkpoint import CRASH_ENV, checkpoint_path, load_checkpoint
-from course_lib.launch import LaunchError, launch
-from course_lib.train import run_single_process
-from course_lib.train_config import parse_config
+from course_lib.runtime.launch import LaunchError, launch
+from course_lib.train.checkpoint import CRASH_ENV, checkpoint_path, load_checkpoint
+from course_lib.train.config import parse_config
+from course_lib.train.trainer import run_single_process
 
 STEPS = 8
 # dropout on: the random generators must be restored too, or the resumed run drifts

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib.worker import check_backend_fits, choose_backend
+from course_lib.runtime.worker import check_backend_fits, choose_backend
 
 
 def test_gloo_without_gpus_and_override_by_environment():

@@ -1,13 +1,13 @@
-"""ZeRO-1 (course_lib.zero): equal to plain data parallelism, 1/N of the optimizer state per
+"""ZeRO-1 (course_lib.core.zero): equal to plain data parallelism, 1/N of the optimizer state per
 rank, exactly one all-reduce's bytes; one 4-process run covers group sizes 1, 2, 3 and 4."""
 
 import pytest
 import torch
 
-from course_lib.collectives import chunk_bounds
-from course_lib.launch import launch
-from course_lib.models import count_parameters, make_transformer
-from course_lib.zero import Zero1, flatten_into_views, state_bytes
+from course_lib.core.collectives import chunk_bounds
+from course_lib.core.zero import Zero1, flatten_into_views, state_bytes
+from course_lib.runtime.launch import launch
+from course_lib.tasks.models import count_parameters, make_transformer
 
 
 def test_parameters_become_views_of_one_flat_buffer():

@@ -1,7 +1,7 @@
 """Checkers for the exercises of notebook 00 (start here)."""
 
 from course_lib.check.core import exercise, expect
-from course_lib.launch import LaunchError, LaunchResult
+from course_lib.runtime.launch import LaunchError, LaunchResult
 
 
 @exercise("0.1")

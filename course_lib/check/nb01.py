@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from course_lib import gradients, toy
 from course_lib.check.core import exercise, expect
+from course_lib.lessons import gradients
+from course_lib.tasks import toy
 
 # (function, its exact derivative, point): smooth functions with known derivatives
 _CASES = [

@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from course_lib import memory, toy
 from course_lib.check.core import exercise, expect
+from course_lib.lessons import memory
+from course_lib.tasks import toy
 
 _STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}  # optimizer state: copies of the params
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from course_lib import accumulation, batching, gradients, models, pitfalls, sequences, toy
 from course_lib.check.core import exercise, expect
+from course_lib.core import accumulation
+from course_lib.lessons import gradients, pitfalls
+from course_lib.tasks import batching, models, sequences, toy
 
 TINY = models.TransformerConfig(d_model=16, n_layers=1)  # small for speed
 

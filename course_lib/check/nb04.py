@@ -7,8 +7,9 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from course_lib import replicas, toy
 from course_lib.check.core import exercise, expect
+from course_lib.lessons import replicas
+from course_lib.tasks import toy
 
 
 def _replicas_with_own_grads(world_size: int = 3):

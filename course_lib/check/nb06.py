@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from course_lib import ring_viz
 from course_lib.check.core import exercise, expect
-from course_lib.collectives import chunk_bounds
+from course_lib.core.collectives import chunk_bounds
+from course_lib.lessons import ring_viz
 
 RS_HINT = ("in reduce-scatter step s, rank r sends chunk (r - s - 1) mod N to rank (r + 1) mod N, "
            "which adds it to its own copy of that chunk")

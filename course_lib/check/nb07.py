@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from course_lib.batching import micro_batch_slice
 from course_lib.check.core import exercise, expect
+from course_lib.tasks.batching import micro_batch_slice
 
 SHARD_CASES = ((32, 2, 1), (32, 2, 4), (32, 4, 2), (24, 3, 2), (8, 1, 8))  # (global, N, K)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from course_lib.buckets import plan_buckets
 from course_lib.check.core import exercise, expect
+from course_lib.core.buckets import plan_buckets
 
 KB = 1024
 BUCKET_CASES = (  # (parameter sizes in bytes, in registration order; bucket cap in bytes)
@@ -18,7 +18,7 @@ BUCKET_CASES = (  # (parameter sizes in bytes, in registration order; bucket cap
 
 
 def reference_buckets(sizes: list[int], cap: int) -> list[list[int]]:
-    """The rule of course_lib.buckets, as registration indices, last parameter first."""
+    """The rule of course_lib.core.buckets, as registration indices, last parameter first."""
     order = list(range(len(sizes)))[::-1]  # backward produces the last layer's grads first
     plan = plan_buckets([sizes[i] for i in order], [None] * len(sizes), cap)
     return [[order[position] for position in bucket] for bucket in plan]

@@ -7,7 +7,7 @@ import math
 import torch
 
 from course_lib.check.core import exercise, expect
-from course_lib.collectives import chunk_bounds
+from course_lib.core.collectives import chunk_bounds
 
 RANGE_CASES = ((12, 4), (10, 4), (7, 3), (3, 4), (26574, 4), (5, 1))  # (numel, world size)
 

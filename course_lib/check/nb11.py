@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from course_lib import capstone
-from course_lib.capstone import KIB, Challenge
 from course_lib.check.core import ExerciseError, exercise, expect
-from course_lib.launch import LaunchError
+from course_lib.lessons import capstone
+from course_lib.lessons.capstone import KIB, Challenge
+from course_lib.runtime.launch import LaunchError
 
 
 def linear_memory(fixed: int, per_example: int) -> Callable[[int], int]:

@@ -1,6 +1,6 @@
 """Time the hand-written all-reduces against ``dist.all_reduce`` (notebook 06; one world size).
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.bench_all_reduce_worker \
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.bench_all_reduce_worker \
         --sizes 4096 4194304 --repeats 10 --warmup 2
 
 Runs on any world size >= 2, on Gloo (CPU) or NCCL (one GPU per process). For each message
@@ -22,13 +22,13 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from course_lib.collectives import (
+from course_lib.core.collectives import (
     naive_all_reduce,
     recursive_doubling_all_reduce,
     ring_all_reduce,
 )
-from course_lib.launch import report_progress, save_result
-from course_lib.worker import worker
+from course_lib.runtime.launch import report_progress, save_result
+from course_lib.runtime.worker import worker
 
 
 def torch_all_reduce(tensor, group=None):

@@ -1,7 +1,7 @@
 """Step time of every gradient-sync strategy against torch DDP (notebook 08; run by
 ``scripts/bench_data_parallel.py``, which writes the table, JSON and picture).
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.bench_data_parallel_worker \\
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.bench_data_parallel_worker \\
         --models transformer,mlp --bucket-mb 25,1 --steps 10 --rounds 3
 
 Any world size >= 1, Gloo (CPU) or NCCL (one GPU per process). Every configuration trains its
@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.data_parallel import STRATEGIES, GradSync, broadcast_parameters
-from course_lib.launch import report_progress, save_result
-from course_lib.models import count_parameters, make_transformer
-from course_lib.sequences import IGNORE, global_batch
-from course_lib.timeline import overlap_summary
-from course_lib.worker import print0, worker
+from course_lib.core.data_parallel import STRATEGIES, GradSync, broadcast_parameters
+from course_lib.lessons.timeline import overlap_summary
+from course_lib.runtime.launch import report_progress, save_result
+from course_lib.runtime.worker import print0, worker
+from course_lib.tasks.models import count_parameters, make_transformer
+from course_lib.tasks.sequences import IGNORE, global_batch
 
 LABELS = ("ddp", "ddp views", *STRATEGIES, "no sync")  # every configuration, DDP first
 

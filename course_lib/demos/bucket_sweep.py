@@ -1,8 +1,8 @@
 """Per-parameter all-reduce, flat buckets, buckets launched from gradient hooks, and torch DDP,
 side by side on one model: same parameters? how fast? what overlaps? (notebook 08)
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.bucket_sweep
-    python -m course_lib.launch --nproc 2 course_lib.demos.bucket_sweep --sweep-mb 0.25,1,4
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.bucket_sweep
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.bucket_sweep --sweep-mb 0.25,1,4
 
 Any world size >= 1, Gloo (CPU) or NCCL (one GPU per process). Every configuration trains its
 own copy of the same MLP (many weight matrices of about 256 kB) from the same weights on the
@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.data_parallel import GradSync, broadcast_parameters
-from course_lib.launch import report_progress, save_result
-from course_lib.models import parameter_checksum, parameter_vector
-from course_lib.timeline import Timeline
-from course_lib.worker import Worker, print0, worker
+from course_lib.core.data_parallel import GradSync, broadcast_parameters
+from course_lib.lessons.timeline import Timeline
+from course_lib.runtime.launch import report_progress, save_result
+from course_lib.runtime.worker import Worker, print0, worker
+from course_lib.tasks.models import parameter_checksum, parameter_vector
 
 WIDTH = 256  # hidden width: each hidden weight matrix is WIDTH x WIDTH floats (256 kB)
 DEPTH = 12  # hidden layers

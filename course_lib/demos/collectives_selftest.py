@@ -1,11 +1,11 @@
 """Check every hand-written collective against ``dist.all_reduce`` on awkward tensors (nb 06).
 
-    python -m course_lib.launch --nproc 3 course_lib.demos.collectives_selftest
+    python -m course_lib.runtime.launch --nproc 3 course_lib.demos.collectives_selftest
 
 Runs on any world size (1 and more), on Gloo (CPU) or NCCL (one GPU per process). Every rank
 makes its own random tensors (0-d, empty, one element, fewer elements than ranks, a size not
 divisible by the world size, ~10k elements, a transposed 2-D view, several dtypes), runs each
-algorithm of ``course_lib.collectives`` on a copy and ``dist.all_reduce`` on another, and
+algorithm of ``course_lib.core.collectives`` on a copy and ``dist.all_reduce`` on another, and
 records whether they agree, whether all ranks hold the same bits and how many bytes each rank
 sent. It also checks the two halves of the ring separately and that a rank passing another
 shape or dtype makes every rank raise ``ValueError``. Rank 0 hands the summary back with
@@ -19,8 +19,8 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from course_lib import collectives
-from course_lib.collectives import (
+from course_lib.core import collectives
+from course_lib.core.collectives import (
     ByteCounter,
     naive_all_reduce,
     recursive_doubling_all_reduce,
@@ -28,8 +28,8 @@ from course_lib.collectives import (
     ring_all_reduce,
     ring_reduce_scatter,
 )
-from course_lib.launch import save_result
-from course_lib.worker import print0, worker
+from course_lib.runtime.launch import save_result
+from course_lib.runtime.worker import print0, worker
 
 
 def ring_halves(tensor, group=None, counter=None):

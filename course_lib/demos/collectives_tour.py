@@ -1,6 +1,6 @@
 """send/recv and the five collectives, each checked on every rank (notebook 05).
 
-    python -m course_lib.launch --nproc 4 course_lib.demos.collectives_tour
+    python -m course_lib.runtime.launch --nproc 4 course_lib.demos.collectives_tour
 
 Runs on any world size >= 2, on Gloo (CPU) or NCCL (one GPU per process). Rank r starts with
 ``start_values(r, N)`` = [10r, 10r + 1, ..., 10r + N - 1]: one number per chunk c, so that
@@ -20,8 +20,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from course_lib.launch import save_result
-from course_lib.worker import Worker, print0, worker
+from course_lib.runtime.launch import save_result
+from course_lib.runtime.worker import Worker, print0, worker
 
 COLLECTIVES = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
 ROOT = 0  # the rank that broadcast sends from and reduce collects to

@@ -1,8 +1,9 @@
-"""Every gradient-sync strategy of ``course_lib.data_parallel``, run on every rank and compared
+"""Every gradient-sync strategy of ``course_lib.core.data_parallel``, run on every rank and compared
 with the single-process big batch and torch DDP (tests/test_data_parallel.py; notebooks 07, 08).
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.data_parallel_selftest
-    python -m course_lib.launch --nproc 3 course_lib.demos.data_parallel_selftest naive,overlap
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.data_parallel_selftest
+    python -m course_lib.runtime.launch --nproc 3 \\
+        course_lib.demos.data_parallel_selftest naive,overlap
 
 The optional argument picks variants by label (``VARIANTS``; default: all of them).
 Any world size >= 1, Gloo (CPU) or NCCL (one GPU per process). This module measures and the
@@ -23,11 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.data_parallel import GradSync, broadcast_parameters
-from course_lib.launch import save_result
-from course_lib.models import make_transformer
-from course_lib.sequences import IGNORE, global_batch
-from course_lib.worker import print0, worker
+from course_lib.core.data_parallel import GradSync, broadcast_parameters
+from course_lib.runtime.launch import save_result
+from course_lib.runtime.worker import print0, worker
+from course_lib.tasks.models import make_transformer
+from course_lib.tasks.sequences import IGNORE, global_batch
 
 SMALL_BUCKET_MB = 0.0005  # about 524 bytes: several buckets even for this tiny model
 TRANSFORMER_BUCKET_MB = 0.01  # about 10 kB: a dozen buckets for the 27k-parameter transformer

@@ -1,6 +1,6 @@
 """torch DDP in practice: no_sync, our trainer against DDP, SyncBatchNorm (notebook 09).
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.ddp_practice
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.ddp_practice
 
 Any world size >= 1, Gloo (CPU) or NCCL (one GPU per process). Rank 0 saves three reports:
 
@@ -26,9 +26,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from course_lib.batching import micro_batches_of_rank
-from course_lib.launch import save_result
-from course_lib.worker import Worker, print0, worker
+from course_lib.runtime.launch import save_result
+from course_lib.runtime.worker import Worker, print0, worker
+from course_lib.tasks.batching import micro_batches_of_rank
 
 ACCUM_STEPS = 4  # micro-steps per optimizer step in the no_sync demo
 MICRO_BATCH = 8  # examples per rank per micro-step
@@ -119,9 +119,9 @@ def accumulate_with_ddp(w: Worker, placement: str) -> dict:
 
 def trainer_against_ddp(w: Worker) -> dict:
     """``course_lib.train`` with DDP and with our overlapped buckets: losses per step."""
-    from course_lib.train import train
-    from course_lib.train_config import TrainConfig
-    from course_lib.worker import seed_everything
+    from course_lib.runtime.worker import seed_everything
+    from course_lib.train.config import TrainConfig
+    from course_lib.train.trainer import train
 
     config = TrainConfig(steps=TRAIN_STEPS, accum_steps=2, micro_batch=4, bucket_mb=0.01,
                          log_every=TRAIN_STEPS)

@@ -1,6 +1,6 @@
 """Several data-parallel training runs in one launch, each from the same start (notebook 07).
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.dp_training --steps 8 \\
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.dp_training --steps 8 \\
         --split 1:16:naive --split 4:4:ring --split 4:4:ring:mean_of_means
 
 Runs on any world size, on Gloo (CPU) or NCCL (one GPU per process). Each ``--split
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 
-from course_lib.batching import micro_batch_slice
-from course_lib.launch import save_result
-from course_lib.train import train
-from course_lib.train_config import LOSS_NORMS, SYNCS, TrainConfig, check_config
-from course_lib.worker import seed_everything, worker
+from course_lib.runtime.launch import save_result
+from course_lib.runtime.worker import seed_everything, worker
+from course_lib.tasks.batching import micro_batch_slice
+from course_lib.train.config import LOSS_NORMS, SYNCS, TrainConfig, check_config
+from course_lib.train.trainer import train
 
 
 def parse_split(text: str, steps: int, seed: int) -> TrainConfig:

@@ -1,7 +1,7 @@
 """Runs that go wrong on purpose, to see how the launcher ends them (notebooks 00 and 09).
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.faults --mode raise --rank 1
-    python -m course_lib.launch --nproc 2 --timeout 10 course_lib.demos.faults --mode hang
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.faults --mode raise --rank 1
+    python -m course_lib.runtime.launch --nproc 2 --timeout 10 course_lib.demos.faults --mode hang
 
 Modes: ``raise`` (rank R raises), ``killed`` (rank R is killed by SIGKILL), ``hang`` (rank R
 never joins the all-reduce the others wait in), ``never-start`` (rank R exits before joining
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.worker import worker
+from course_lib.runtime.worker import worker
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -2,17 +2,17 @@
 
 One failure under torchrun, as in a real run (the process-group timeout ends it):
 
-    COURSE_PG_TIMEOUT_S=5 python -m course_lib.launch --nproc 2 --timeout 60 \\
+    COURSE_PG_TIMEOUT_S=5 python -m course_lib.runtime.launch --nproc 2 --timeout 60 \\
         course_lib.demos.hang_lab --failure mismatch
-    COURSE_PG_TIMEOUT_S=5 TORCH_DISTRIBUTED_DEBUG=DETAIL python -m course_lib.launch \\
+    COURSE_PG_TIMEOUT_S=5 TORCH_DISTRIBUTED_DEBUG=DETAIL python -m course_lib.runtime.launch \\
         --nproc 2 --timeout 60 course_lib.demos.hang_lab --failure mismatch
-    COURSE_PG_TIMEOUT_S=5 python -m course_lib.launch --nproc 2 --timeout 60 \\
+    COURSE_PG_TIMEOUT_S=5 python -m course_lib.runtime.launch --nproc 2 --timeout 60 \\
         course_lib.demos.hang_lab --failure stuck-rank --monitored
 
 The whole lab at once (every failure with and without the debugging aids, 2 ranks each, all
 side by side on Gloo, in a few seconds; rank 0 of the one launched process saves the table):
 
-    python -m course_lib.launch --nproc 1 --timeout 120 course_lib.demos.hang_lab --lab
+    python -m course_lib.runtime.launch --nproc 1 --timeout 120 course_lib.demos.hang_lab --lab
 
 Failures (``--failure``); each is a short training loop (gradient all-reduce per step) where
 rank ``CULPRIT`` or rank 0 goes wrong in step ``BAD_STEP``:
@@ -117,7 +117,7 @@ def training_loop(failure: str, rank: int, device: torch.device, group,
 # ---- one failure under torchrun ------------------------------------------------------------
 
 def run_one(failure: str, monitored: bool) -> None:
-    from course_lib.worker import worker
+    from course_lib.runtime.worker import worker
 
     with worker(seed=0) as w:
         monitor_group = None
@@ -278,7 +278,7 @@ def main(argv=None) -> None:
     if not args.lab:
         run_one(args.failure, args.monitored)
         return
-    from course_lib.launch import save_result
+    from course_lib.runtime.launch import save_result
 
     results = run_lab()
     for r in results:

@@ -1,6 +1,6 @@
 """Each rank says who it is; rank 0 gathers every report and hands them back (notebook 00).
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.hello
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.hello
 
 Runs on any world size (1 and more), on Gloo (CPU) or NCCL (one GPU per process).
 """
@@ -10,8 +10,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from course_lib.launch import save_result
-from course_lib.worker import print0, worker
+from course_lib.runtime.launch import save_result
+from course_lib.runtime.worker import print0, worker
 
 
 def main() -> None:

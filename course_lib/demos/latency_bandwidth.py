@@ -1,6 +1,6 @@
 """Ping-pong between rank 0 and rank 1: how long a message of n bytes takes (notebooks 05, 06).
 
-    python -m course_lib.launch --nproc 2 course_lib.demos.latency_bandwidth \\
+    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.latency_bandwidth \\
         --sizes 8 1024 65536 1048576 --repeats 20
 
 Runs on any world size >= 2 (ranks above 1 only wait), on Gloo (CPU) or NCCL (one GPU per
@@ -8,7 +8,7 @@ process). For each size, rank 0 sends a float32 tensor of that many bytes to ran
 sends it straight back; half of the round trip is one message's time. Each size is checked
 once (the echo must equal what was sent), then timed ``--warmup`` + ``--repeats`` times.
 Rank 0 hands back the median and the fastest one-way time per size; fit them with
-``course_lib.cost_model.fit_alpha_beta``.
+``course_lib.lessons.cost_model.fit_alpha_beta``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.launch import report_progress, save_result
-from course_lib.worker import Worker, print0, worker
+from course_lib.runtime.launch import report_progress, save_result
+from course_lib.runtime.worker import Worker, print0, worker
 
 DEFAULT_SIZES = (8, 1024, 16384, 262144, 1048576, 4194304)  # bytes: 8 B to 4 MiB
 

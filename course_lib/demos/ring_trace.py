@@ -1,8 +1,9 @@
 """Watch the real ring all-reduce step by step, count bytes, compare with dist.all_reduce
 (notebook 06).
 
-    python -m course_lib.launch --nproc 4 course_lib.demos.ring_trace
-    python -m course_lib.launch --nproc 4 course_lib.demos.ring_trace --pingpong-sizes 8 4096
+    python -m course_lib.runtime.launch --nproc 4 course_lib.demos.ring_trace
+    python -m course_lib.runtime.launch --nproc 4 course_lib.demos.ring_trace \\
+        --pingpong-sizes 8 4096
 
 Runs on any world size >= 2, on Gloo (CPU) or NCCL (one GPU per process).
 
@@ -24,8 +25,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from course_lib import ring_viz
-from course_lib.collectives import (
+from course_lib.core.collectives import (
     ByteCounter,
     chunk_bounds,
     naive_all_reduce,
@@ -33,8 +33,9 @@ from course_lib.collectives import (
     ring_all_reduce,
 )
 from course_lib.demos import latency_bandwidth
-from course_lib.launch import save_result
-from course_lib.worker import Worker, print0, worker
+from course_lib.lessons import ring_viz
+from course_lib.runtime.launch import save_result
+from course_lib.runtime.worker import Worker, print0, worker
 
 ALGORITHMS = {"naive": naive_all_reduce, "ring": ring_all_reduce,
               "recursive_doubling": recursive_doubling_all_reduce}

@@ -1,13 +1,13 @@
 """ZeRO-1 against plain data parallelism, and optimizer memory per rank for 1, 2 and 4
 processes, all in one run (notebook 10).
 
-    python -m course_lib.launch --nproc 4 course_lib.demos.zero_demo
-    python -m course_lib.launch --nproc 4 course_lib.demos.zero_demo --sizes 1,2,3,4
+    python -m course_lib.runtime.launch --nproc 4 course_lib.demos.zero_demo
+    python -m course_lib.runtime.launch --nproc 4 course_lib.demos.zero_demo --sizes 1,2,3,4
 
 For each size n in ``--sizes`` (default: 1, 2, 4, ... up to the world size), ranks 0..n-1 form
 a group and train the tiny transformer twice from the same weights on the same batches: with
 plain data parallelism (all-reduce every gradient, a whole AdamW on every rank) and with
-``course_lib.zero.Zero1``. The other ranks wait for the next size. Rank 0 saves, per size:
+``course_lib.core.zero.Zero1``. The other ranks wait for the next size. Rank 0 saves, per size:
 whether the parameters agree, the optimizer state of every rank of the group, and the bytes
 each rank sent. Any world size >= 1, Gloo (CPU) or NCCL (one GPU per process).
 """
@@ -19,19 +19,19 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from course_lib.accumulation import (
+from course_lib.core.accumulation import (
     all_reduce_token_count,
     count_target_tokens,
     scale_by_global_tokens,
     sum_token_loss,
 )
-from course_lib.batching import micro_batch
-from course_lib.collectives import ByteCounter, ring_all_reduce
-from course_lib.launch import save_result
-from course_lib.models import make_transformer, parameter_vector
-from course_lib.sequences import global_batch
-from course_lib.worker import print0, worker
-from course_lib.zero import Zero1, state_bytes
+from course_lib.core.collectives import ByteCounter, ring_all_reduce
+from course_lib.core.zero import Zero1, state_bytes
+from course_lib.runtime.launch import save_result
+from course_lib.runtime.worker import print0, worker
+from course_lib.tasks.batching import micro_batch
+from course_lib.tasks.models import make_transformer, parameter_vector
+from course_lib.tasks.sequences import global_batch
 
 STEPS = 5  # optimizer steps per run
 GLOBAL_BATCH = 24  # examples per step: divisible by 1, 2, 3, 4

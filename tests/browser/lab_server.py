@@ -70,7 +70,6 @@ def lab_environment(base: Path, repo_root: Path, disabled: list[str]) -> dict:
     """The server's environment; its kernels inherit it, so they see ``course_lib``."""
     env = dict(os.environ)
     env.pop("MPLBACKEND", None)  # the kernel must keep matplotlib's inline backend
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo_root), env.get("PYTHONPATH")) if p)
     env.update(write_settings(base, disabled))
     return env
 

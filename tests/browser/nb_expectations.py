@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-RANK_LINE = re.compile(r"^\[rank (\d+)\] ", re.MULTILINE)  # how course_lib.launch prefixes lines
+RANK_LINE = re.compile(r"^\[rank (\d+)\] ", re.MULTILINE)  # how the launcher prefixes lines
 SLIDER_REPR = re.compile(r"\b\w*Slider\(")  # text/plain of a displayed ipywidgets slider
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"

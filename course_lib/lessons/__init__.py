@@ -1,0 +1,1 @@
+"""Helpers for the notebooks: pictures, widgets, measurements and the lessons' small labs."""

@@ -1,0 +1,46 @@
+"""One call at the top of every notebook: the same plots, printing and randomness everywhere.
+
+    from course_lib.lessons.notebook_setup import setup_notebook
+    setup_notebook(seed=0)
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import torch
+
+FIGSIZE = (6.4, 3.6)  # inches; every course figure has this size unless it asks otherwise
+DPI = 90
+
+
+def setup_notebook(seed: int = 0, threads: int = 1) -> None:
+    """Seed, fix the thread count (results depend on it), round printing, style plots."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    torch.set_printoptions(precision=4, sci_mode=False)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+        np.set_printoptions(precision=4, suppress=True)
+    except ImportError:
+        pass
+    try:
+        import matplotlib as mpl
+
+        mpl.rcParams.update({"figure.figsize": FIGSIZE, "figure.dpi": DPI,
+                             "savefig.dpi": DPI, "axes.grid": True, "grid.alpha": 0.3,
+                             "font.size": 10})
+    except ImportError:
+        pass
+
+
+def timing(label: str, seconds: float) -> str:
+    """A timing line: it starts with ``[time]`` so nbval's sanitize rule blanks it."""
+    return f"[time] {label}: {seconds:.3f} s"

@@ -1,0 +1,145 @@
+"""When compute and communication ran during one training step, and how much of it overlapped
+(notebook 08).
+
+``GradSync`` in ``course_lib.core.data_parallel`` records each synced step as a list of events:
+
+    {"name": "backward", "kind": "compute", "start_s": 0.0, "end_s": 0.012, "bytes": 0}
+    {"name": "bucket 0", "kind": "comm", "start_s": 0.004, "end_s": 0.007, "bytes": 1048576}
+
+Times are seconds from the start of backward. ``overlap_summary`` says how much communication
+was hidden under backward; ``plot_timeline`` draws the step as two lanes of bars.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Sequence
+
+
+class Timeline:
+    """A clock that starts with backward, and the events measured against it."""
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+        self.events: list[dict] = []
+
+    def restart(self) -> None:
+        self.origin = time.perf_counter()
+        self.events = []
+
+    def now(self) -> float:
+        """Seconds since the last ``restart``."""
+        return time.perf_counter() - self.origin
+
+    def add(self, name: str, kind: str, start_s: float, end_s: float | None = None,
+            nbytes: int = 0) -> dict:
+        """Add an event; an open one (``end_s=None``) is closed later by setting ``end_s``."""
+        event = {"name": name, "kind": kind, "start_s": start_s, "end_s": end_s,
+                 "bytes": int(nbytes)}
+        self.events.append(event)
+        return event
+
+
+class CompletionWatcher:
+    """A thread that waits for each asynchronous collective and writes down when it ended.
+
+    ``work.wait()`` lets go of Python's lock (the GIL) while it waits, so the watcher costs the
+    training loop nothing, and the communication threads never wait for Python: a Python
+    callback on the work's future would run on the thread that does the communication and
+    stall the next collective until the GIL is free. An end time is late by at most the time
+    the watcher waits for the GIL once the work is done.
+    """
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+        self.todo: queue.Queue = queue.Queue()
+        self.thread: threading.Thread | None = None
+
+    def watch(self, work, event: dict) -> None:
+        """Set ``event["end_s"]`` when ``work`` (from ``async_op=True``) completes."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="comm-watcher", daemon=True)
+            self.thread.start()
+        self.todo.put((work, event))
+
+    def settle(self) -> None:
+        """Return once every watched work has its end time."""
+        self.todo.join()
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.todo.put(None)
+            self.thread.join()
+            self.thread = None
+
+    def _run(self) -> None:
+        while (item := self.todo.get()) is not None:
+            work, event = item
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001 - the training loop's own wait() raises it
+                pass
+            event["end_s"] = self.timeline.now()
+            self.todo.task_done()
+        self.todo.task_done()
+
+
+def merge_intervals(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals, as sorted intervals that do not touch each other."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: Sequence[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def overlap_summary(events: Sequence[dict]) -> dict:
+    """How long backward and communication took, and the share of communication hidden.
+
+    comm_s: time during which at least one collective was in flight (overlapping collectives
+    count once). hidden_s: the part of it that fell inside backward. exposed_s: the rest,
+    which the step had to wait for. hidden_fraction = hidden_s / comm_s (0 when no comm).
+    """
+    compute = [(e["start_s"], e["end_s"]) for e in events if e["kind"] == "compute"]
+    comm = merge_intervals([(e["start_s"], e["end_s"]) for e in events if e["kind"] == "comm"])
+    backward = [(s, e) for s, e in compute]  # the compute lane: backward (and any copies)
+    hidden = 0.0
+    for c_start, c_end in comm:
+        for b_start, b_end in merge_intervals(backward):
+            hidden += max(0.0, min(c_end, b_end) - max(c_start, b_start))  # shared part
+    comm_s = _length(comm)
+    ends = [e["end_s"] for e in events]
+    return {"backward_s": _length(merge_intervals(backward)), "comm_s": comm_s,
+            "hidden_s": hidden, "exposed_s": comm_s - hidden,
+            "hidden_fraction": hidden / comm_s if comm_s > 0 else 0.0,
+            "step_s": max(ends) if ends else 0.0,
+            "comm_bytes": sum(e["bytes"] for e in events if e["kind"] == "comm")}
+
+
+def plot_timeline(events: Sequence[dict], ax=None, title: str | None = None):
+    """Draw compute and communication as bars on two lanes; returns the matplotlib axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots()
+    lanes = {"compute": (1, "tab:blue"), "comm": (0, "tab:orange")}
+    for event in events:
+        lane, colour = lanes[event["kind"]]
+        start_ms = 1000 * event["start_s"]
+        width_ms = 1000 * (event["end_s"] - event["start_s"])
+        ax.broken_barh([(start_ms, width_ms)], (lane - 0.35, 0.7), facecolors=colour,
+                       edgecolor="black", linewidth=0.5, alpha=0.8)
+    ax.set_yticks([0, 1], ["communication", "compute"])
+    ax.set_xlabel("time since backward started (ms)")
+    ax.set_ylim(-0.6, 1.6)
+    if title:
+        ax.set_title(title)
+    return ax

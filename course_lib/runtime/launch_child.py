@@ -1,0 +1,132 @@
+"""The two processes that ``course_lib.runtime.launch`` starts, each tied to the life of its parent.
+
+- ``python -m course_lib.runtime.launch_child agent TORCHRUN_ARGS...`` runs torchrun's agent,
+  and dies when the launching process (a notebook kernel, a shell) dies, even if it is killed hard.
+- torchrun then runs ``-m course_lib.runtime.launch_child worker RUN_DIR TARGET ARGS...`` once
+  per rank: it dies with the agent, sends everything the rank prints (C-level output too) to
+  ``RUN_DIR/rank{R}.log``, runs TARGET as ``__main__`` and records how the rank ended in
+  ``RUN_DIR/rank{R}.exit``. The launcher reads those files to stream output and name a failing
+  rank.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+
+PR_SET_PDEATHSIG = 1  # Linux prctl option: signal this process when its parent dies
+
+
+def die_with_parent() -> None:
+    """Exit as soon as the parent process goes away (Linux: at once; elsewhere: within 0.5 s)."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def run_agent(torchrun_args: list[str]) -> None:
+    """Run torchrun's agent in this process."""
+    die_with_parent()
+    from torch.distributed.run import main
+
+    main(torchrun_args)
+
+
+def redirect_output(log_path: str) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``log_path``."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """Write JSON so that a reader never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def run_target(target: str, args: list[str]) -> None:
+    """Run a module name or a ``.py`` path as ``__main__`` with ``args`` as its argv."""
+    sys.argv = [target, *args]
+    if target.endswith(".py"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        runpy.run_path(target, run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
+def print_user_traceback(error: BaseException) -> None:
+    """Print the traceback without the frames of this wrapper and of runpy."""
+    tb = traceback.TracebackException.from_exception(error)
+    tb.stack = traceback.StackSummary.from_list(
+        [f for f in tb.stack if not f.filename.endswith(("launch_child.py", "runpy>", "runpy.py"))])
+    print("".join(tb.format()), end="", file=sys.stderr)
+
+
+def run_worker(run_dir: str, target: str, args: list[str]) -> None:
+    """One rank: tie to the agent, redirect output, run the target, record the exit."""
+    die_with_parent()
+    rank = int(os.environ.get("RANK", "0"))
+    redirect_output(os.path.join(run_dir, f"rank{rank}.log"))
+    with open(os.path.join(run_dir, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))  # lets the launcher notice a rank killed by a signal
+    exit_path = os.path.join(run_dir, f"rank{rank}.exit")
+    code, error = 0, None
+    try:
+        run_target(target, args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code not in (None, 0) and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+            error = str(e.code)
+    except BaseException as e:  # noqa: BLE001 - every way a rank can end is recorded
+        print_user_traceback(e)
+        code, error = 1, f"{type(e).__name__}: {e}"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    write_json_atomic(exit_path, {"rank": rank, "code": code, "error": error,
+                                  "time": time.time()})
+    # Leave now: the work is done and recorded. A normal interpreter exit runs C++ destructors
+    # while Gloo's threads may still run, which can abort ("terminate called without an
+    # active exception") and turn a finished rank into a failed one.
+    os._exit(code)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) >= 1 and argv[0] == "agent":
+        run_agent(argv[1:])
+    elif len(argv) >= 3 and argv[0] == "worker":
+        run_worker(argv[1], argv[2], argv[3:])
+    else:
+        sys.exit("usage: python -m course_lib.runtime.launch_child "
+                 "{agent ARGS | worker RUN_DIR TARGET}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,270 @@
+"""What ``course_lib.runtime.launch`` watches while a run goes on: rank logs, progress, exits,
+processes.
+
+Each rank writes ``rank{R}.log`` and, when it ends by itself, ``rank{R}.exit`` in the run's
+folder (see ``course_lib.runtime.launch_child``); these helpers read them.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import psutil
+
+
+class RankLogs:
+    """Follow every rank's log file and echo each complete line as ``[rank R] line``."""
+
+    def __init__(self, run_dir: str, nproc: int, echo: bool = True):
+        self.run_dir, self.nproc, self.echo = run_dir, nproc, echo
+        self.offsets = [0] * nproc
+        self.partial = [""] * nproc
+        self.lines: list[list[str]] = [[] for _ in range(nproc)]
+        self.all_lines: list[str] = []
+
+    def _read_new(self, rank: int) -> str:
+        path = os.path.join(self.run_dir, f"rank{rank}.log")
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets[rank])
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        self.offsets[rank] += len(data)
+        return data.decode("utf-8", errors="replace")
+
+    def pump(self, final: bool = False) -> None:
+        """Echo the lines written since the last call; with ``final``, half lines too."""
+        for rank in range(self.nproc):
+            text = self.partial[rank] + self._read_new(rank)
+            *complete, rest = text.split("\n")
+            if final and rest:
+                complete, rest = complete + [rest], ""
+            self.partial[rank] = rest
+            for line in complete:
+                self.lines[rank].append(line)
+                shown = f"[rank {rank}] {line}"
+                self.all_lines.append(shown)
+                if self.echo:
+                    print(shown, flush=True)
+
+    def text(self) -> str:
+        return "\n".join(self.all_lines)
+
+    def empty(self) -> bool:
+        return not self.all_lines
+
+    def tails(self, ranks=None, n: int = 15) -> str:
+        """The last ``n`` lines of each rank in ``ranks`` (all ranks when None)."""
+        ranks = range(self.nproc) if ranks is None else ranks
+        parts = []
+        for rank in ranks:
+            tail = self.lines[rank][-n:] or ["(no output)"]
+            parts.append("\n".join(f"  [rank {rank}] {line}" for line in tail))
+        return "\n".join(parts)
+
+    def ranks_without_exit(self) -> list[int]:
+        return [r for r in range(self.nproc)
+                if not os.path.exists(os.path.join(self.run_dir, f"rank{r}.exit"))]
+
+
+class Progress:
+    """A progress bar fed by ``report_progress`` in rank 0: a widget in a notebook, else lines."""
+
+    def __init__(self, path: str, enabled: bool = True):
+        self.path, self.enabled = path, enabled
+        self.last = None
+        self.widget = None
+        self.last_print = 0.0
+
+    def _read(self):
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def update(self) -> None:
+        if not self.enabled:
+            return
+        state = self._read()
+        if state is None or state == self.last:
+            return
+        self.last = state
+        if self.widget is None and _in_notebook():
+            self.widget = _make_widget()
+        if self.widget is not None:
+            self.widget.max = max(1, int(state["total"]))
+            self.widget.value = int(state["done"])
+            self.widget.description = str(state.get("label", ""))[:20]
+        elif time.monotonic() - self.last_print > 2 or state["done"] >= state["total"]:
+            self.last_print = time.monotonic()
+            print(f"[progress] {state['done']}/{state['total']} {state.get('label', '')}",
+                  flush=True)
+
+    def close(self) -> None:
+        self.update()
+        if self.widget is not None:
+            self.widget.bar_style = "success"
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        return shell is not None and "IPKernelApp" in shell.config
+    except ImportError:
+        return False
+
+
+def _make_widget():
+    try:
+        import ipywidgets
+        from IPython.display import display
+    except ImportError:
+        return None
+    bar = ipywidgets.IntProgress(min=0, max=1, value=0, description="")
+    display(bar)
+    return bar
+
+
+# Errors a rank raises because ANOTHER rank died: the culprit is elsewhere.
+SECONDARY_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "remote worker crash", "pair closure", "Socket closed",
+                    "NCCL communicator was aborted")
+
+
+class RankWatch:
+    """Which rank failed first: one that raised or exited non-zero (it wrote ``rank{R}.exit``),
+    or one killed by a signal (its process vanished without writing it)."""
+
+    def __init__(self, run_dir: str, nproc: int):
+        self.run_dir, self.nproc = run_dir, nproc
+        self.vanished: dict[int, float] = {}  # rank -> when its process was first seen gone
+        self.finished: set[int] = set()
+
+    def _path(self, rank: int, kind: str) -> str:
+        return os.path.join(self.run_dir, f"rank{rank}.{kind}")
+
+    def poll(self) -> None:
+        """Look at every rank's process once; call it often while the run goes on."""
+        for rank in range(self.nproc):
+            if rank in self.vanished or rank in self.finished:
+                continue
+            if os.path.exists(self._path(rank, "exit")):
+                self.finished.add(rank)
+                continue
+            try:
+                with open(self._path(rank, "pid")) as f:
+                    pid = int(f.read().strip() or 0)
+            except (FileNotFoundError, ValueError):
+                continue
+            if pid and not _running(pid) and not os.path.exists(self._path(rank, "exit")):
+                self.vanished[rank] = time.time()
+
+    def _exits(self) -> list[tuple[float, int, int, bool]]:
+        found = []
+        for path in glob.glob(os.path.join(self.run_dir, "rank*.exit")):
+            try:
+                with open(path) as f:
+                    info = json.load(f)
+            except (json.JSONDecodeError, OSError):
+                continue
+            if info.get("code", 0) != 0:
+                secondary = any(s in (info.get("error") or "") for s in SECONDARY_ERRORS)
+                found.append((info.get("time", 0.0), info["rank"], info["code"], secondary))
+        return found
+
+    def failure(self, agent_log_path: str):
+        """``(rank, exit_code)`` of the rank that failed first, or None while none has.
+        ``exit_code`` is negative for a signal (-9: SIGKILL), None when unknown."""
+        exits = self._exits()
+        primary = [(t, r, c) for t, r, c, secondary in exits if not secondary]
+        primary += [(t, r, _agent_exit_code(agent_log_path, r)) for r, t in self.vanished.items()]
+        candidates = primary or [(t, r, c) for t, r, c, _ in exits]
+        if candidates:
+            _, rank, code = min(candidates, key=lambda c: (c[0], c[1]))
+            return rank, code
+        return _agent_root_cause(agent_log_path)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _agent_text(agent_log_path: str) -> str:
+    try:
+        with open(agent_log_path, errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def _agent_exit_code(agent_log_path: str, rank: int):
+    """The exit code torchrun reported for ``rank`` (negative: a signal), or None."""
+    found = re.search(rf"rank\s*:\s*{rank}\b[^\n]*\n\s*exitcode\s*:\s*(-?\d+)",
+                      _agent_text(agent_log_path))
+    return int(found.group(1)) if found else None
+
+
+def _agent_root_cause(agent_log_path: str):
+    """The rank torchrun's own report names as the root cause, or None."""
+    root = _agent_text(agent_log_path).split("Root Cause", 1)
+    if len(root) == 2:
+        rank = re.search(r"rank\s*:\s*(\d+)", root[1])
+        code = re.search(r"exitcode\s*:\s*(-?\d+)", root[1])
+        if rank:
+            return int(rank.group(1)), int(code.group(1)) if code else None
+    return None
+
+
+def _processes(agent: subprocess.Popen, run_dir: str) -> list[psutil.Process]:
+    """The agent, its descendants, and every worker recorded in ``rank{R}.pid`` (a worker
+    whose agent is already gone is no longer its descendant)."""
+    procs = []
+    try:
+        parent = psutil.Process(agent.pid)
+        procs = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        pass
+    known = {p.pid for p in procs}
+    for path in glob.glob(os.path.join(run_dir, "rank*.pid")):
+        try:
+            with open(path) as f:
+                worker = psutil.Process(int(f.read().strip()))
+            if worker.pid not in known and "course_lib.runtime.launch_child" in " ".join(
+                    worker.cmdline()):  # the pid still names one of our workers
+                procs.append(worker)
+        except (ValueError, OSError, psutil.Error):
+            continue
+    return procs
+
+
+def stop_process_tree(agent: subprocess.Popen, run_dir: str, grace_s: float = 2.0) -> None:
+    """End the agent and every worker: SIGTERM, wait ``grace_s``, then SIGKILL what is left."""
+    procs = _processes(agent, run_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for p in procs:
+            try:
+                p.send_signal(sig)
+                alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        _, procs = psutil.wait_procs(alive, timeout=grace_s)
+        if not procs:
+            break
+    try:
+        agent.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass

@@ -1,0 +1,1 @@
+"""Data sets and models, made by code from a seed."""
