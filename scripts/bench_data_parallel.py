@@ -4,7 +4,7 @@
     python scripts/bench_data_parallel.py --quick      # under a minute
     python scripts/bench_data_parallel.py --out .bench --bucket-mb 25,1 --nproc 2
 
-Runs ``course_lib.demos.bench_data_parallel_worker`` on ``--nproc`` processes (Gloo on CPU,
+Runs ``scripts/bench_data_parallel_worker.py`` on ``--nproc`` processes (Gloo on CPU,
 NCCL with one GPU per process) for the tiny transformer of ``course_lib.tasks.models`` (~27k
 parameters: latency and Python overhead dominate) and a wide MLP (13.7M parameters, 55 MB of
 gradients: bytes dominate), at each bucket size, with the same bucket size for DDP. Every
@@ -59,7 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from course_lib.lessons.timeline import plot_timeline  # noqa: E402
 from course_lib.runtime.launch import LaunchError, launch  # noqa: E402
 
-WORKER = "course_lib.demos.bench_data_parallel_worker"
+WORKER = os.path.join(ROOT, "scripts", "bench_data_parallel_worker.py")
 FULL = {"steps": 10, "rounds": 5, "warmup": 3, "width": 2048, "depth": 3, "batch": 16}
 QUICK = {"steps": 4, "rounds": 2, "warmup": 1, "width": 1024, "depth": 2, "batch": 8}
 

@@ -1,6 +1,6 @@
 """Hand-written collectives (course_lib.core.collectives) against dist.all_reduce, on Gloo.
 
-One launch of ``course_lib.demos.collectives_selftest`` per world size (1, 2, 3, 4) runs every
+One launch of ``tests/workers/collectives_check.py`` per world size (1, 2, 3, 4) runs every
 algorithm on awkward tensors; the tests here assert on the summary it hands back. Expected
 byte counts are computed here from the chunk sizes of ``torch.tensor_split``, independently of
 ``course_lib.core.collectives.chunk_bounds``.
@@ -10,26 +10,29 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 from course_lib.core.collectives import ByteCounter, chunk_bounds, ring_all_reduce
-from course_lib.core.collectives_p2p import REUSED_BYTES_MAX, describe, receive_buffer, signature
+from course_lib.core.fast_ring import REUSED_BYTES_MAX, receive_buffer
 from course_lib.runtime.launch import launch
 
+WORKER = str(Path(__file__).parent / "workers" / "collectives_check.py")
 WORLD_SIZES = [1, 2, 3, 4]
-RING_LIKE = ("ring", "ring_halves", "ring_small_slices", "ring_tiny_slices", "ring_batched",
-             "ring_unchecked")
-DOUBLING = ("recursive_doubling", "recursive_doubling_batched")
+RING_LIKE = ("ring", "ring_halves", "fast_ring", "fast_ring_small_slices",
+             "fast_ring_tiny_slices", "fast_ring_no_pipeline", "fast_ring_two_streams",
+             "fast_ring_fresh_buffers", "fast_ring_unchecked")
+DOUBLING = ("recursive_doubling",)
 ALL_ALGORITHMS = (*RING_LIKE, *DOUBLING, "naive")
-CHECKED = tuple(name for name in ALL_ALGORITHMS if name != "ring_unchecked")
+CHECKED = tuple(name for name in ALL_ALGORITHMS if name != "fast_ring_unchecked")
 
 
 @pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda n: f"world{n}")
 def report(request) -> dict:
     """The self-test's summary at one world size (one launch, shared by the tests below)."""
-    run = launch("course_lib.demos.collectives_selftest", nproc=request.param, timeout_s=150,
+    run = launch(WORKER, nproc=request.param, timeout_s=150,
                  quiet=True, env={"COURSE_BACKEND": "gloo"})
     assert run.returncode == 0
     assert run.result is not None, run.output
@@ -79,17 +82,6 @@ def test_byte_counter_adds_sizes():
     assert (counter.bytes_sent, counter.messages) == (3 * 8 + 10 * 2, 2)
 
 
-def test_signatures_tell_shapes_and_dtypes_apart():
-    shapes = [(), (0,), (6,), (2, 3), (3, 2), (1, 6), (2, 1, 1, 1, 1, 1, 1, 1, 3, 4),
-              (2, 1, 1, 1, 1, 1, 1, 1, 4, 3), (2, 1, 1, 1, 1, 1, 1, 1, 12)]
-    records = [signature(torch.empty(s)) for s in shapes]
-    records.append(signature(torch.empty(2, 3, dtype=torch.float64)))
-    assert len({tuple(r) for r in records}) == len(records)  # all different
-    assert signature(torch.empty(2, 3).t()) == signature(torch.empty(3, 2))  # strides don't count
-    assert describe(signature(torch.empty(2, 3))) == "shape (2, 3) and dtype torch.float32"
-    assert "2 more" in describe(records[6])
-
-
 def test_receive_buffers_are_reused_per_thread_and_dtype():
     like = torch.zeros(1)
     first = receive_buffer(1000, like)
@@ -130,7 +122,7 @@ def test_every_case_ran_for_every_algorithm(report):
     assert len(cases) >= 12
     for name in ALL_ALGORITHMS:
         ran = {e["case"] for _, e in entries(report, "all_reduce", algorithm=name)}
-        if name == "ring_tiny_slices":  # one message per element: small cases only
+        if name == "fast_ring_tiny_slices":  # one message per element: small cases only
             assert len(ran) >= 10 and ran <= cases
         else:
             assert ran == cases, name
@@ -185,7 +177,8 @@ def test_ring_messages_per_slice(report):
         return
     by_key = {(rank, e["algorithm"], e["case"]): e for rank, e in entries(report, "all_reduce")}
     for rank in range(n):
-        plain, sliced = by_key[(rank, "ring", "10k")], by_key[(rank, "ring_small_slices", "10k")]
+        plain = by_key[(rank, "ring", "10k")]
+        sliced = by_key[(rank, "fast_ring_small_slices", "10k")]
         assert plain["bytes_sent"] == sliced["bytes_sent"]
         assert plain["messages"] == 2 * (n - 1)  # one message per step
         assert sliced["messages"] > 4 * plain["messages"]

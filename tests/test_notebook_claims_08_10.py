@@ -18,7 +18,7 @@ import torch
 from torch.distributed.run import get_args_parser
 
 from course_lib.core.buckets import MB, plan_buckets
-from course_lib.demos.bucket_sweep import STRATEGIES, make_mlp
+from course_lib.demos.bucket_sweep import STRATEGIES, make_deep_mlp
 from course_lib.lessons.timeline_plot import comm_starts_before_backward_ends
 from course_lib.runtime.launch import LaunchError, launch
 from course_lib.train.checkpoint import CRASH_ENV, checkpoint_path, load_checkpoint
@@ -31,7 +31,8 @@ SBATCH = ROOT / "scripts" / "slurm_train.sbatch"
 # ---- 08: buckets and overlap -----------------------------------------------------------------
 
 def test_the_mlp_of_notebook_08_makes_four_one_megabyte_buckets():
-    sizes = [p.numel() * p.element_size() for p in make_mlp(0, torch.device("cpu")).parameters()]
+    model = make_deep_mlp(0, torch.device("cpu"))
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
     assert len(sizes) == 28
     plan = plan_buckets(sizes[::-1], [None] * len(sizes), 1 * MB)
     assert len(plan) == 4

@@ -1,13 +1,15 @@
 """Notebook 03's claims: accumulation equals the big batch, and every pitfall of the lab shows
 (or hides) exactly as the notebook says."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from course_lib.core import accumulation
 from course_lib.lessons import gradients, pitfalls
-from course_lib.lessons.pitfalls import TrainConfig
+from course_lib.lessons.pitfalls import Recipe
 from course_lib.tasks import batching, models, sequences, toy
 
 rel = gradients.relative_error
@@ -41,8 +43,8 @@ def test_accumulated_equals_big_batch_fp32_and_fp64(data):
 
 def test_training_with_accumulation_equals_big_batch(data):
     model, _, _, batches = data
-    one, losses_one, _ = pitfalls.train(model, batches, TrainConfig(accum_steps=1))
-    four, losses_four, _ = pitfalls.train(model, batches, TrainConfig(accum_steps=4))
+    one, losses_one, _ = pitfalls.train(model, batches, Recipe(accum_steps=1))
+    four, losses_four, _ = pitfalls.train(model, batches, Recipe(accum_steps=4))
     torch.testing.assert_close(losses_four, losses_one, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(flat_params(four), flat_params(one), rtol=1e-5, atol=1e-5)
     assert not torch.equal(flat_params(one), flat_params(model))  # it did train
@@ -64,9 +66,9 @@ def test_forgetting_the_scale_is_exactly_k_times(data):
 ])
 def test_sgd_shows_the_missing_scale_adam_hides_it(data, settings, shows):
     model, _, _, batches = data
-    reference, _, _ = pitfalls.train(model, batches, TrainConfig(accum_steps=1, **settings))
+    reference, _, _ = pitfalls.train(model, batches, Recipe(accum_steps=1, **settings))
     forgot, _, _ = pitfalls.train(model, batches,
-                                  TrainConfig(accum_steps=4, scale_loss=False, **settings))
+                                  Recipe(accum_steps=4, scale_loss=False, **settings))
     difference = rel(flat_params(forgot), flat_params(reference))
     assert (difference > 1e-2) if shows else (difference < 1e-3)
 
@@ -169,9 +171,9 @@ def test_clip_only_after_the_last_micro_step(data):
 def test_scheduler_steps_once_per_optimizer_step(data):
     model, _, _, batches = data
     config = dict(accum_steps=4, lr=0.1, decay_steps=8)
-    _, _, right = pitfalls.train(model, batches, TrainConfig(**config))
+    _, _, right = pitfalls.train(model, batches, Recipe(**config))
     _, _, wrong = pitfalls.train(model, batches,
-                                 TrainConfig(**config, scheduler_every_micro_step=True))
+                                 Recipe(**config, scheduler_every_micro_step=True))
     torch.testing.assert_close(right, [pitfalls.cosine_lr(s, 0.1, 8) for s in range(8)])
     torch.testing.assert_close(wrong, [pitfalls.cosine_lr(4 * s, 0.1, 8) for s in range(8)])
     assert abs(wrong[2]) < 1e-9 and right[2] > 0.08
@@ -209,6 +211,29 @@ def test_memory_and_time_against_accumulation_steps():
 def test_bad_settings_say_what_to_change(data):
     model, _, _, batches = data
     with pytest.raises(ValueError, match="optimizer='lion'"):
-        pitfalls.train(model, batches, TrainConfig(optimizer="lion"))
+        pitfalls.train(model, batches, Recipe(optimizer="lion"))
     with pytest.raises(ValueError, match="not divisible"):
         pitfalls.accumulated_grad(model, *toy.two_moons(10), accum_steps=4)
+
+
+def test_the_shown_accumulation_step_is_the_labs_correct_recipe():
+    """core.accumulation.accumulation_step (shown in notebook 03) and the lab's train with no
+    pitfall switched on take the same steps: clip, SGD, cosine schedule."""
+    model = toy.make_mlp(hidden=16, norm="layer", seed=0)
+    x, y = toy.two_moons(96, seed=1)
+    batches = toy.batches(x, y, 32, steps=4, seed=0)
+    recipe = Recipe(accum_steps=4, clip_norm=0.5, decay_steps=4)
+    lab, lab_losses, lab_lrs = pitfalls.train(model, batches, recipe)
+    mine = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(mine.parameters(), lr=recipe.lr)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 4)
+    losses, lrs = [], []
+    for xb, yb in batches:
+        lrs.append(optimizer.param_groups[0]["lr"])
+        parts = list(zip(xb.chunk(4), yb.chunk(4), strict=True))
+        losses.append(accumulation.accumulation_step(mine, optimizer, parts, F.cross_entropy,
+                                                     max_norm=0.5, scheduler=scheduler))
+    torch.testing.assert_close(losses, lab_losses, rtol=1e-6, atol=1e-7)
+    assert lrs == lab_lrs and lrs[1] < lrs[0]  # the schedule moved once per step
+    for a, b in zip(mine.parameters(), lab.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -80,14 +80,20 @@ def test_many_collectives_share_one_lane():
 
 
 def test_a_real_overlap_timeline_draws(one_process_group):
-    from course_lib.core.data_parallel import GradSync
+    from course_lib.core.overlap import OverlapDataParallel
+    from course_lib.lessons.timeline import CommRecorder
 
-    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])  # small
-    gs = GradSync(model, one_process_group, strategy="overlap", bucket_mb=0.02)
-    gs.backward(model(torch.randn(8, 64)).square().mean())
-    gs.finish()
-    bars = timeline_bars(gs.timeline)
+    recorder = CommRecorder(torch.distributed.all_reduce)
+    module = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])  # small
+    model = OverlapDataParallel(module, one_process_group, bucket_mb=0.02, all_reduce=recorder)
+    loss = model(torch.randn(8, 64)).square().mean()
+    recorder.start_step()
+    with recorder.compute("backward"):
+        loss.backward()
+    model.finish_gradient_sync()
+    recorder.settle()
+    bars = timeline_bars(recorder.events)
     assert bars[0]["label"] == "backward"
-    assert len({b["lane"] for b in bars}) == len(gs.buckets) + 1
-    assert comm_starts_before_backward_ends(gs.timeline)  # bucket 0 left during backward
-    gs.remove_hooks()
+    assert len({b["lane"] for b in bars}) == len(model.buckets) + 1
+    assert comm_starts_before_backward_ends(recorder.events)  # bucket 0 left during backward
+    recorder.close()

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from course_lib.core.collectives import chunk_bounds
-from course_lib.core.zero import Zero1, flatten_into_views, state_bytes
+from course_lib.core.zero import Zero1, flatten_into_views
+from course_lib.lessons.memory import optimizer_state_bytes
 from course_lib.runtime.launch import launch
 from course_lib.tasks.models import count_parameters, make_transformer
 
@@ -30,16 +31,16 @@ def test_mixed_dtypes_are_refused_with_what_to_do():
 def test_state_bytes_counts_adam_moments_and_steps():
     p = torch.nn.Parameter(torch.zeros(10))
     opt = torch.optim.AdamW([p])
-    assert state_bytes(opt) == 0  # AdamW makes its state at the first step
+    assert optimizer_state_bytes(opt) == 0  # AdamW makes its state at the first step
     p.grad = torch.ones(10)
     opt.step()
-    assert state_bytes(opt) == 10 * 4 * 2 + 4  # exp_avg, exp_avg_sq (fp32) and a step count
+    assert optimizer_state_bytes(opt) == 10 * 4 * 2 + 4  # exp_avg, exp_avg_sq and a step
 
 
 def test_one_rank_is_plain_adamw_bit_for_bit(one_process_group):
     plain, sharded = make_transformer(seed=0), make_transformer(seed=0)
     opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
-    zero = Zero1(sharded.parameters(), one_process_group, torch.optim.AdamW, lr=1e-2)
+    zero = Zero1(sharded.parameters(), torch.optim.AdamW, one_process_group, lr=1e-2)
     x = torch.randint(0, 10, (4, 8))  # small for test speed
     for _ in range(3):
         plain(x).square().mean().backward()
@@ -50,7 +51,28 @@ def test_one_rank_is_plain_adamw_bit_for_bit(one_process_group):
         zero.zero_grad()
     for a, b in zip(plain.parameters(), sharded.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert zero.owned() == (0, count_parameters(plain))
+    assert (zero.start, zero.end) == (0, count_parameters(plain))
+
+
+def test_param_groups_reach_the_inner_optimizer_and_a_scheduler_works(one_process_group):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # small
+    zero = Zero1([{"params": model[0].parameters(), "lr": 0.1},
+                  {"params": model[1].parameters()}], torch.optim.SGD, one_process_group,
+                 lr=0.01)
+    assert [g["lr"] for g in zero.param_groups] == [0.1, 0.01]
+    scheduler = torch.optim.lr_scheduler.StepLR(zero, step_size=1, gamma=0.5)
+    model(torch.randn(5, 3)).sum().backward()
+    zero.step()
+    scheduler.step()
+    assert [g["lr"] for g in zero.param_groups] == [0.05, 0.005]
+    model(torch.randn(5, 3)).sum().backward()
+    zero.step()
+    assert [g["lr"] for g in zero.inner.param_groups] == [0.05, 0.005]  # copied at the step
+    saved = zero.state_dict()
+    assert saved["owned"] == (0, sum(p.numel() for p in model.parameters()))
+    zero.load_state_dict(saved)
+    with pytest.raises(ValueError, match="load each rank's own file"):
+        zero.load_state_dict({**saved, "owned": (0, 3)})
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +100,13 @@ def test_each_rank_keeps_only_its_chunk_of_the_optimizer_state(run):
         for r in ranks:
             start, end = bounds[r["rank"]]
             assert r["owned"] == [start, end]
-            assert r["zero_state_bytes"] == (end - start) * 8 + 4  # 2 fp32 moments + step
+            # 2 fp32 moments per value I own, a 4-byte step count per piece of a parameter
+            assert r["zero_state_bytes"] == (end - start) * 8 + 4 * r["pieces"]
             assert r["plain_state_bytes"] == numel * 8 + tensors * 4  # every rank, all of it
-        assert sum(r["zero_state_bytes"] - 4 for r in ranks) == numel * 8  # no overlap
+        assert sum(r["zero_state_bytes"] - 4 * r["pieces"] for r in ranks) == numel * 8
     one = run.result["by_size"]["1"][0]["zero_state_bytes"]
     four = max(r["zero_state_bytes"] for r in run.result["by_size"]["4"])
-    assert four <= one / 4 + 8  # a quarter, give or take one element of rounding
+    assert four <= one / 4 + 8 + 4 * tensors  # a quarter, give or take rounding and steps
 
 
 @pytest.mark.slow

@@ -19,6 +19,9 @@ batch's.
     from course_lib.core.accumulation import accumulate_gradients, big_batch_backward
     accumulate_gradients(model, micro_batches, normalisation="tokens")         # right
     accumulate_gradients(model, micro_batches, normalisation="mean_of_means")  # the bug
+
+``accumulation_step`` is the whole recipe for equal micro-batches, as notebook 03 shows it:
+zero once, scale, backward each micro-batch, clip, step, schedule.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.utils import clip_grad_norm_
 
 from course_lib.tasks.sequences import IGNORE, TokenBatch
 
@@ -63,6 +67,24 @@ def scale_by_global_tokens(loss_sum: torch.Tensor, global_tokens: torch.Tensor |
     by world_size here; then the summed, averaged gradient is that of the global token mean."""
     tokens = torch.as_tensor(global_tokens, dtype=loss_sum.dtype, device=loss_sum.device)
     return loss_sum * world_size / tokens  # the count in the loss's dtype: no float32 rounding
+
+
+def accumulation_step(model, optimizer, micro_batches, loss_fn, max_norm: float | None = None,
+                      scheduler=None) -> float:
+    """One optimizer step from equal micro-batches ``[(x, y), ...]``; returns the batch loss."""
+    accum_steps = len(micro_batches)
+    optimizer.zero_grad(set_to_none=True)  # once per optimizer step, not per micro-batch
+    batch_loss = 0.0
+    for x, y in micro_batches:  # (b, ...) each: one micro-batch at a time in memory
+        loss = loss_fn(model(x), y) / accum_steps  # k scaled means add up to the batch mean
+        loss.backward()  # .grad += this micro-batch's share; its graph is freed
+        batch_loss += loss.item()
+    if max_norm is not None:
+        clip_grad_norm_(model.parameters(), max_norm)  # only now is .grad the whole gradient
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()  # once per optimizer step: the schedule counts steps, not micro-steps
+    return batch_loss
 
 
 def scale_for_micro_steps(mean_loss: torch.Tensor, accum_steps: int) -> torch.Tensor:

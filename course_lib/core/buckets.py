@@ -1,16 +1,16 @@
-"""Flat gradient buckets: many small gradients packed into a few large tensors (notebook 08).
+"""Data parallelism by hand, step 2: gradients packed into flat buckets (notebook 08).
 
-One all-reduce of a 25 MB tensor is much cheaper than five hundred all-reduces of 50 KB each:
-every collective pays a fixed start-up cost (latency) besides the time per byte. So
-``course_lib.core.data_parallel`` packs the gradients into flat buckets, as torch DDP does:
+One all-reduce of a 25 MB tensor costs far less than five hundred all-reduces of 50 kB: each
+collective pays a fixed start-up cost (latency) besides the time per byte. So, as torch DDP
+does, the gradients are copied into a few flat tensors ("buckets") and each bucket is
+all-reduced once:
 
-    order  = parameters in REVERSE order of registration (backward makes the last layer's
-             gradients first, so the first bucket is complete first)
-    bucket = consecutive parameters of one dtype and device, closed before it would pass
-             ``bucket_bytes`` (a single parameter larger than that gets a bucket of its own)
+    model = BucketedDataParallel(module, group, bucket_mb=25)   # used like the step-1 wrapper
+    ...; loss.backward(); model.finish_gradient_sync(); optimizer.step()
 
-``plan_buckets`` is the pure rule (easy to test); ``make_buckets`` builds the buffers;
-``copy_grad_in`` and ``copy_grads_out`` move gradients between ``.grad`` and a bucket.
+Buckets hold consecutive parameters in REVERSE order of registration (backward makes the last
+layer's gradients first) of one dtype and device, closed before they would pass ``bucket_mb``
+(a parameter larger than that sits alone). ``bucket_mb=None``: one bucket for everything.
 """
 
 from __future__ import annotations
@@ -19,29 +19,24 @@ from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib.core.data_parallel import AllReducePerParameter
 
 MB = 1024 * 1024  # bytes in a megabyte, as torch DDP counts bucket_cap_mb
 
 
 def plan_buckets(nbytes: Sequence[int], keys: Sequence[Hashable],
-                 bucket_bytes: int) -> list[list[int]]:
-    """Group tensor positions ``0..n-1`` (in the given order) into buckets.
-
-    nbytes[i]: size of tensor i; keys[i]: its (dtype, device), which a flat buffer cannot mix.
-    A bucket is closed when the next tensor has another key or would take it past
-    ``bucket_bytes``; a tensor larger than ``bucket_bytes`` sits alone in its bucket.
-    """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes; "
-                         "pass bucket_mb > 0 (torch DDP's default is 25)")
-    if len(nbytes) != len(keys):
-        raise ValueError(f"{len(nbytes)} sizes but {len(keys)} keys; pass one key per tensor")
-    buckets: list[list[int]] = []
-    filled = 0  # bytes already in the open bucket
+                 cap_bytes: float) -> list[list[int]]:
+    """Group tensors ``0..n-1`` (in order) into buckets: a new bucket when the next tensor has
+    another key (dtype, device) or would take the open bucket past ``cap_bytes``."""
+    if not cap_bytes > 0:
+        raise ValueError(f"the bucket size must be positive, got {cap_bytes} bytes; pass "
+                         "bucket_mb > 0 (torch DDP uses 25) or None for one bucket")
+    buckets, filled = [], 0
     for i, (size, key) in enumerate(zip(nbytes, keys, strict=True)):
-        starts_new = (not buckets or key != keys[buckets[-1][-1]]
-                      or filled + size > bucket_bytes)
-        if starts_new:
+        if not buckets or key != keys[buckets[-1][-1]] or filled + size > cap_bytes:
             buckets.append([])
             filled = 0
         buckets[-1].append(i)
@@ -51,110 +46,62 @@ def plan_buckets(nbytes: Sequence[int], keys: Sequence[Hashable],
 
 @dataclass
 class Bucket:
-    """One flat buffer and the parameters whose gradients it carries."""
+    """One flat tensor and the parameters whose gradients travel in it."""
 
-    index: int  # position in launch order: bucket 0 is all-reduced first
-    params: list[torch.nn.Parameter]  # in the order they lie in the buffer
-    names: list[str]  # their names in the model, for timelines and errors
-    buffer: torch.Tensor  # (total numel,) the gradients, flat, one after another
+    params: list[nn.Parameter]  # in the order they lie in the buffer
+    buffer: torch.Tensor  # (total numel,) their gradients, one after another
     slots: list[torch.Tensor] = field(default_factory=list)  # views of buffer, one per param
-    ready: list[bool] = field(default_factory=list)  # gradient copied in during this step
-    waiting: int = 0  # gradients not yet copied in during this step
+    waiting: int = 0  # gradients not copied in yet in this step (overlap.py counts them)
 
-    @property
-    def nbytes(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
-
-    def reset(self) -> None:
-        self.ready = [False] * len(self.params)
-        self.waiting = len(self.params)
-
-    def complete(self) -> bool:
-        return self.waiting == 0
-
-    def describe(self) -> dict:
-        """A JSON-friendly summary: what is in the bucket and how big it is."""
-        size = self.buffer.element_size()
-        return {"index": self.index, "names": list(self.names), "bytes": self.nbytes,
-                "param_bytes": [p.numel() * size for p in self.params],
-                "dtype": str(self.buffer.dtype)}
+    def slot(self, param: nn.Parameter) -> torch.Tensor:
+        return self.slots[[id(p) for p in self.params].index(id(param))]
 
 
-def make_buckets(named_params: Sequence[tuple[str, torch.nn.Parameter]],
-                 bucket_bytes: int) -> list[Bucket]:
-    """Buckets for the parameters that need gradients, last-registered parameter first."""
-    todo = [(n, p) for n, p in named_params if p.requires_grad][::-1]  # backward order
-    sizes = [p.numel() * p.element_size() for _, p in todo]
-    keys = [(p.dtype, p.device) for _, p in todo]
+def make_buckets(params: list[nn.Parameter], bucket_mb: float | None) -> list[Bucket]:
+    """Buckets for ``params`` in the given order (pass them last layer first)."""
+    cap = float("inf") if bucket_mb is None else bucket_mb * MB
+    sizes = [p.numel() * p.element_size() for p in params]
+    keys = [(p.dtype, p.device) for p in params]
     buckets = []
-    for index, members in enumerate(plan_buckets(sizes, keys, bucket_bytes)):
-        params = [todo[i][1] for i in members]
-        total = sum(p.numel() for p in params)
-        buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)  # (total,)
-        pieces = buffer.split([p.numel() for p in params])  # consecutive, (numel_i,) each
-        slots = [piece.view(p.shape) for piece, p in zip(pieces, params, strict=True)]
-        bucket = Bucket(index, params, [todo[i][0] for i in members], buffer, slots)
-        bucket.reset()
-        buckets.append(bucket)
+    for members in plan_buckets(sizes, keys, cap):
+        chosen = [params[i] for i in members]
+        buffer = torch.zeros(sum(p.numel() for p in chosen), dtype=chosen[0].dtype,
+                             device=chosen[0].device)  # (total numel,)
+        pieces = buffer.split([p.numel() for p in chosen])  # (numel_i,) each, consecutive
+        slots = [x.view(p.shape) for x, p in zip(pieces, chosen, strict=True)]
+        buckets.append(Bucket(chosen, buffer, slots))
     return buckets
 
 
-def copy_grad_in(bucket: Bucket, i: int, world_size: int) -> None:
-    """Copy parameter i's gradient into its slot, divided by ``world_size`` on the way.
+class BucketedDataParallel(AllReducePerParameter):
+    """Average gradients over the ranks: after backward, one all-reduce per bucket."""
 
-    No gradient (the parameter took no part in this rank's forward) counts as zeros, so that
-    the bucket is still complete and every rank launches the same collectives.
-    """
-    if bucket.ready[i]:
-        return
-    grad, slot = bucket.params[i].grad, bucket.slots[i]
-    if grad is None:
-        slot.zero_()
-    elif grad.is_sparse:
-        raise TypeError(f"parameter {bucket.names[i]} has a sparse gradient; buckets hold dense "
-                        "gradients only (use nn.Embedding(sparse=False))")
-    else:
-        torch.div(grad, world_size, out=slot)  # the sum over ranks of g / N is the mean
-    bucket.ready[i] = True
-    bucket.waiting -= 1
+    def __init__(self, module: nn.Module, group=None, bucket_mb: float | None = 25.0,
+                 all_reduce=dist.all_reduce, find_unused_parameters: bool = False):
+        super().__init__(module, group, all_reduce, find_unused_parameters)
+        self.buckets = make_buckets(self.params[::-1], bucket_mb)  # NEW: last layer first
 
-
-def copy_grads_out(bucket: Bucket, as_views: bool = False) -> None:
-    """Hand the averaged gradients in the buffer to each parameter's ``.grad``.
-
-    as_views=False: copy them into ``.grad``. as_views=True: ``.grad`` becomes the slot itself,
-    a view of the buffer (no copy; torch DDP's ``gradient_as_bucket_view=True``). The next
-    backward then adds into the buffer, or makes a new ``.grad`` after ``zero_grad()``.
-    """
-    for p, slot in zip(bucket.params, bucket.slots, strict=True):
-        if as_views:
-            if p.grad is not slot:
-                p.grad = slot  # the mean, without a copy
-        elif p.grad is None:
-            p.grad = slot.clone()  # a copy: the buffer is reused next step
-        else:
-            p.grad.copy_(slot)
+    def finish_gradient_sync(self) -> None:
+        """After ``loss.backward()``: every ``.grad`` becomes the mean over the ranks."""
+        grads = dict(self.grads_to_sync())  # parameter -> gradient (zeros if unused here)
+        for bucket in self.buckets:
+            for param, slot in zip(bucket.params, bucket.slots, strict=True):
+                if param in grads:
+                    slot.copy_(grads[param])  # NEW: many gradients into one flat tensor
+                else:
+                    slot.zero_()  # no rank used it: it stays out of the result
+            self.all_reduce(bucket.buffer, group=self.group)  # NEW: one message per bucket
+            bucket.buffer.div_(self.world_size)  # the sum / N: the mean
+            copy_out(bucket, skip=[p for p in bucket.params if p not in grads])
 
 
-def parameters_in_graph(loss: torch.Tensor) -> set[int]:
-    """``id`` of every leaf tensor that ``loss.backward()`` will give a gradient to.
-
-    Walks the autograd graph from ``loss`` back to the leaves (``AccumulateGrad`` nodes hold
-    them), as torch DDP does with ``find_unused_parameters=True``. A parameter not found took
-    no part in this forward: its gradient will not come, so its bucket need not wait for it.
-    """
-    found: set[int] = set()
-    seen: list = []  # every node visited (kept alive, so that their ids stay unique)
-    seen_ids: set[int] = set()
-    stack = [loss.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen_ids:
+def copy_out(bucket: Bucket, skip: list[nn.Parameter]) -> None:
+    """Each parameter's mean gradient from the bucket into its ``.grad`` (a copy: the bucket
+    is reused next step). ``skip``: parameters no rank used, whose ``.grad`` stays None."""
+    for param, slot in zip(bucket.params, bucket.slots, strict=True):
+        if any(param is s for s in skip):
             continue
-        seen.append(node)
-        seen_ids.add(id(node))
-        leaf = getattr(node, "variable", None)  # set on AccumulateGrad nodes only
-        if leaf is not None:
-            found.add(id(leaf))
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
+        if param.grad is None:
+            param.grad = slot.clone()
+        else:
+            param.grad.copy_(slot)

@@ -1,126 +1,132 @@
 """ZeRO stage 1 from the two halves of the ring: each rank keeps 1/N of the optimizer state
 (notebook 10, beyond data parallel).
 
-    from course_lib.core.zero import Zero1
-    opt = Zero1(model.parameters(), group, torch.optim.AdamW, lr=1e-3)
-    loss.backward()               # as in plain data parallelism: local gradients
-    opt.step(max_norm=1.0)        # reduce-scatter, clip, update my shard, all-gather
-    opt.zero_grad()
-    opt.state_bytes()             # optimizer state on this rank: about 1/N of plain DP's
+    optimizer = Zero1(model.parameters(), torch.optim.AdamW, group, lr=1e-3)
+    loss.backward()        # local gradients: no wrapper, no all-reduce
+    optimizer.step()       # reduce-scatter the gradients, update my chunk, all-gather
+    optimizer.zero_grad()
 
-Plain data parallelism keeps a whole AdamW on every rank: two more numbers per parameter
-(``exp_avg``, ``exp_avg_sq``), on every rank, the same everywhere. ZeRO-1 stops repeating them:
+Shaped like ``torch.distributed.optim.ZeroRedundancyOptimizer``: it wraps any ``torch.optim``
+class and has ``param_groups`` (a scheduler can change ``lr``), ``step()``, ``zero_grad()``
+and ``state_dict()`` (this rank's shard). Every parameter becomes a view into one flat vector,
+cut into N chunks as the ring cuts tensors; rank r OWNS chunk r and keeps optimizer state for
+it alone. One step:
 
-    flat  = every parameter in one vector, (numel,); rank r OWNS chunk r = chunk_bounds(...)[r]
-    1. ring_reduce_scatter(flat grads)   chunk r of rank r now holds the SUM over ranks
+    1. ring_reduce_scatter(flat grads)   chunk r of rank r: the SUM over the ranks
     2. divide by N                       the mean, as an all-reduce would have given
-    3. AdamW on chunk r only             its state has numel / N entries
-    4. ring_all_gather(flat params)      every rank gets every updated chunk from its owner
+    3. the optimizer, on chunk r only    its state holds numel / N values
+    4. ring_all_gather(flat params)      every rank gets every chunk from its owner
 
-Steps 1 and 4 are the two halves of the ring all-reduce (``course_lib.core.collectives``): ZeRO-1
-sends exactly the bytes of one all-reduce, and saves (N - 1) / N of the optimizer state.
-
-The model's parameters become views into one flat buffer (``p.data`` is re-pointed), so the
-all-gather writes straight into them and the optimizer updates its chunk in place. Gradients
-are copied into a flat buffer at each step (real implementations make them views too).
-Any world size (1 included), CPU tensors under Gloo, GPU tensors under NCCL.
+Steps 1 and 4 are the two halves of the ring all-reduce: the same bytes as plain data
+parallelism, for 1/N of the optimizer state. The chunk cuts through parameters, so the inner
+optimizer sees pieces of them: right for element-wise optimizers (SGD, Adam, AdamW, ...). A
+parameter no rank has a gradient for is left alone by the step, as torch's optimizers do.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.core.collectives import (
-    ByteCounter,
-    chunk_bounds,
-    ring_all_gather,
-    ring_reduce_scatter,
-)
-
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor the optimizer keeps (AdamW: exp_avg, exp_avg_sq, step)."""
-    return sum(value.numel() * value.element_size()
-               for state in optimizer.state.values() for value in state.values()
-               if isinstance(value, torch.Tensor))
+from course_lib.core.collectives import chunk_bounds, ring_all_gather, ring_reduce_scatter
 
 
 def flatten_into_views(params: list[nn.Parameter]) -> torch.Tensor:
-    """Copy the parameters into one flat buffer and make each parameter a view into it."""
-    first = params[0]
-    odd = [tuple(p.shape) for p in params if p.dtype != first.dtype or p.device != first.device]
-    if odd:
-        raise ValueError(f"Zero1 puts every parameter in one flat buffer, so they need one "
-                         f"dtype and device; parameters of shapes {odd[:3]} differ from "
-                         f"{first.dtype} on {first.device}: convert the model first")
+    """Copy the parameters into one flat tensor and make each parameter a view into it."""
+    if len({(p.dtype, p.device) for p in params}) > 1:
+        raise ValueError("Zero1 keeps every parameter in one flat tensor, so they need one "
+                         "dtype and device: convert the model first (model.to(dtype))")
     flat = torch.cat([p.detach().reshape(-1) for p in params])  # (numel,)
     offset = 0
     for p in params:
-        p.data = flat[offset:offset + p.numel()].view_as(p)  # same numbers, shared storage
+        p.data = flat[offset:offset + p.numel()].view_as(p)  # same numbers, shared memory
         offset += p.numel()
     return flat
 
 
-class Zero1:
+class Zero1(torch.optim.Optimizer):
     """An optimizer whose state lives on the owner of each chunk of the flat parameters."""
 
-    def __init__(self, params, group=None, optimizer_class=torch.optim.AdamW, **options):
-        self.params = [p for p in params if p.requires_grad]
-        if not self.params:
-            raise ValueError("Zero1 got no parameter with requires_grad=True")
-        self.group = dist.group.WORLD if group is None else group
-        self.rank = dist.get_rank(self.group)
-        self.world_size = dist.get_world_size(self.group)
-        self.flat = flatten_into_views(self.params)  # (numel,) every rank, every parameter
+    def __init__(self, params, optimizer_class=torch.optim.AdamW, group=None,
+                 max_grad_norm: float | None = None, counter=None, **defaults):
+        super().__init__(params, defaults)  # self.param_groups: every parameter, as usual
+        self.group, self.max_grad_norm = group, max_grad_norm
+        self.counter = counter  # a ByteCounter: what this rank sends
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.params = [p for g in self.param_groups for p in g["params"]]
+        self.flat = flatten_into_views(self.params)  # (numel,) every parameter, every rank
         self.flat_grad = torch.zeros_like(self.flat)  # (numel,)
         self.start, self.end = chunk_bounds(self.flat.numel(), self.world_size)[self.rank]
-        # the chunk this rank owns: a Parameter that shares memory with self.flat
-        self.shard = nn.Parameter(self.flat[self.start:self.end], requires_grad=True)
-        self.optimizer = optimizer_class([self.shard], **options)  # state for 1/N only
-        self.counter = ByteCounter()  # bytes this rank sent, over every step
+        self.pieces = self.my_pieces()  # (parameter, its piece in my chunk, where in flat)
+        self.inner = optimizer_class([  # the wrapped optimizer: my pieces, each group's options
+            {**{k: v for k, v in g.items() if k != "params"},
+             "params": [piece for p, piece, _ in self.pieces if any(p is q for q in g["params"])]}
+            for g in self.param_groups])
+        for mine, group in zip(self.inner.param_groups, self.param_groups, strict=True):
+            group.update({k: v for k, v in mine.items() if k not in group})  # its defaults
+        self.last_grad_norm = None  # the global gradient norm of the last step
 
-    def zero_grad(self) -> None:
+    def my_pieces(self) -> list[tuple[nn.Parameter, nn.Parameter, slice]]:
+        """For each parameter that overlaps my chunk: the overlap, as a parameter of its own."""
+        pieces, offset = [], 0
         for p in self.params:
-            p.grad = None
+            lo, hi = max(offset, self.start), min(offset + p.numel(), self.end)
+            if lo < hi:
+                pieces.append((p, nn.Parameter(self.flat[lo:hi]), slice(lo, hi)))
+            offset += p.numel()
+        return pieces
 
     @torch.no_grad()
-    def step(self, max_norm: float | None = None) -> float:
-        """Average gradients, update my chunk, share it; returns the global gradient norm."""
-        offset = 0
+    def step(self, closure=None):
+        """Average the gradients, update my chunk, share it. Returns ``closure()``'s loss."""
+        loss = closure() if closure is not None else None
+        used = self.gather_grads()  # flat_grad = my local gradients; who has one anywhere
+        ring_reduce_scatter(self.flat_grad, self.group, self.counter)  # 1. my chunk: the sum
+        my_grad = self.flat_grad[self.start:self.end]
+        my_grad.div_(self.world_size)  # 2. the sum / N: the mean gradient
+        self.clip(my_grad)
+        for p, piece, where in self.pieces:  # 3. my pieces get their mean gradient
+            piece.grad = self.flat_grad[where] if used[id(p)] else None  # None: left alone
+        for mine, group in zip(self.inner.param_groups, self.param_groups, strict=True):
+            mine.update({k: v for k, v in group.items() if k != "params"})  # lr, ...
+        self.inner.step()  # updates my chunk of self.flat in place
+        ring_all_gather(self.flat, self.group, self.counter)  # 4. every updated chunk, to all
+        return loss
+
+    def gather_grads(self) -> dict[int, bool]:
+        """Copy each local gradient into flat_grad (zeros where None); return, per parameter
+        id, whether any rank has a gradient for it (one small all-reduce)."""
+        offset, used = 0, []
         for p in self.params:
-            piece = self.flat_grad[offset:offset + p.numel()]  # p's place in the flat vector
+            piece = self.flat_grad[offset:offset + p.numel()]
             if p.grad is None:
-                piece.zero_()  # unused on this rank: contributes nothing to the sum
+                piece.zero_()  # not used on this rank: adds nothing to the sum
             else:
                 piece.copy_(p.grad.reshape(-1))
+            used.append(p.grad is not None)
             offset += p.numel()
-        ring_reduce_scatter(self.flat_grad, group=self.group, counter=self.counter)
-        my_grad = self.flat_grad[self.start:self.end]
-        my_grad.div_(self.world_size)  # the sum over ranks / N: the mean gradient
-        norm = self.global_grad_norm(my_grad)
-        if max_norm is not None and norm > max_norm:
-            my_grad.mul_(max_norm / (norm + 1e-6))  # as torch.nn.utils.clip_grad_norm_
-        self.shard.grad = my_grad
-        self.optimizer.step()  # updates self.flat[start:end] in place
-        self.shard.grad = None
-        ring_all_gather(self.flat, group=self.group, counter=self.counter)  # every chunk
-        return norm
+        counts = torch.tensor(used, dtype=torch.int32, device=self.flat.device)
+        dist.all_reduce(counts, group=self.group)  # how many ranks have each gradient
+        return {id(p): c > 0 for p, c in zip(self.params, counts.tolist(), strict=True)}
 
-    def global_grad_norm(self, my_grad: torch.Tensor) -> float:
-        """The norm of the whole mean gradient, from each rank's chunk: sqrt of the summed
-        squares (norms do not add; squares do)."""
+    def clip(self, my_grad: torch.Tensor) -> None:
+        """Scale the mean gradient so that its global norm is at most ``max_grad_norm``, as
+        ``clip_grad_norm_`` would. Norms do not add up over chunks; squares do."""
         squares = (my_grad.double() ** 2).sum().reshape(1)  # (1,) my chunk's share
-        dist.all_reduce(squares, group=self.group)
-        return math.sqrt(float(squares))
+        dist.all_reduce(squares, group=self.group)  # the sum over every chunk
+        self.last_grad_norm = float(squares.sqrt())
+        if self.max_grad_norm is not None:
+            my_grad.mul_(min(1.0, self.max_grad_norm / (self.last_grad_norm + 1e-6)))
 
-    def state_bytes(self) -> int:
-        """Optimizer state on this rank (measured from the tensors the optimizer holds)."""
-        return state_bytes(self.optimizer)
+    def state_dict(self) -> dict:
+        """This rank's shard of the optimizer state (each rank saves its own)."""
+        return {"inner": self.inner.state_dict(), "owned": (self.start, self.end),
+                "world_size": self.world_size}
 
-    def owned(self) -> tuple[int, int]:
-        """``(start, end)`` of the flat parameters whose optimizer state lives here."""
-        return self.start, self.end
+    def load_state_dict(self, state: dict) -> None:
+        if tuple(state["owned"]) != (self.start, self.end):
+            raise ValueError(f"this shard was saved by the owner of {tuple(state['owned'])} "
+                             f"of {state['world_size']} ranks; this rank owns "
+                             f"{(self.start, self.end)}: load each rank's own file")
+        self.inner.load_state_dict(state["inner"])

@@ -8,8 +8,8 @@ Any world size >= 1, Gloo (CPU) or NCCL (one GPU per process). Every configurati
 own copy of the same MLP (many weight matrices of about 256 kB) from the same weights on the
 same batch with SGD; the configurations take turns, a few steps each, so that a slow spell of
 the machine hits them all alike. Rank 0 hands back, per configuration: the median step time,
-the number of collectives per step, the timeline of the last step (from ``GradSync``'s own
-clock; for DDP from a communication hook), whether the final parameters agree with DDP's, and
+the number of collectives per step, the timeline of the last step (from the wrappers'
+recorder; for DDP from a communication hook), whether the final parameters agree with DDP's, and
 whether every rank holds bitwise the same parameters.
 """
 
@@ -23,21 +23,21 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.core.data_parallel import GradSync, broadcast_parameters
-from course_lib.lessons.timeline import Timeline
+from course_lib.core.train_step import finish_sync
+from course_lib.lessons.timeline import CommRecorder, torch_sync
 from course_lib.runtime.launch import report_progress, save_result
 from course_lib.runtime.worker import Worker, print0, worker
 from course_lib.tasks.models import parameter_checksum, parameter_vector
+from course_lib.train.syncs import wrap_model
 
 WIDTH = 256  # hidden width: each hidden weight matrix is WIDTH x WIDTH floats (256 kB)
 DEPTH = 12  # hidden layers
 BATCH = 32  # examples per rank per step
-STRATEGIES = ("naive", "ring", "allreduce", "bucketed", "overlap", "ddp")
+STRATEGIES = ("naive", "ring", "allreduce", "bucketed", "overlap", "ddp")  # train/syncs.py
 
 
-def make_mlp(seed: int, device: torch.device) -> nn.Sequential:
+def make_deep_mlp(seed: int, device: torch.device) -> nn.Sequential:
     """The same weights for every configuration (and every rank) built from ``seed``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -59,10 +59,10 @@ def rank_batch(w: Worker) -> tuple[torch.Tensor, torch.Tensor]:
 
 class DDPClock:
     """A DDP communication hook that averages each bucket and notes when its all-reduce ran,
-    on the same clock as GradSync's timeline (seconds from the start of backward)."""
+    on the clock of a ``CommRecorder`` (seconds from the start of the step)."""
 
-    def __init__(self, group, world_size: int):
-        self.group, self.world_size, self.clock = group, world_size, Timeline()
+    def __init__(self, group, world_size: int, recorder: CommRecorder):
+        self.group, self.world_size, self.clock = group, world_size, recorder.clock
 
     def hook(self, state, bucket):
         event = self.clock.add(f"bucket {bucket.index()}", "comm", self.clock.now(),
@@ -81,45 +81,32 @@ class Config:
 
     def __init__(self, label: str, strategy: str, bucket_mb: float, w: Worker):
         self.label, self.strategy, self.bucket_mb, self.w = label, strategy, bucket_mb, w
-        self.model = make_mlp(0, w.device)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.model = wrap_model(strategy, make_deep_mlp(0, w.device), w.group, w.device, bucket_mb)
+        self.module = self.model.module
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.05)
         self.times: list[float] = []
-        self.gs, self.ddp, self.clock = None, None, None
-        if strategy == "ddp":
-            ids = [w.local_rank] if w.device.type == "cuda" else None
-            self.ddp = DDP(self.model, device_ids=ids, process_group=w.group,
-                           bucket_cap_mb=bucket_mb)
-            self.clock = DDPClock(w.group, w.world_size)
-            self.ddp.register_comm_hook(None, self.clock.hook)
-        else:
-            broadcast_parameters(self.model, w.group)  # rank 0's weights everywhere
-            self.gs = GradSync(self.model, w.group, strategy=strategy, bucket_mb=bucket_mb)
+        self.recorder = getattr(self.model, "recorder", None)
+        if self.recorder is None:  # torch DDP: a communication hook tells when buckets ran
+            self.recorder = CommRecorder(dist.all_reduce)
+            self.model.register_comm_hook(None, DDPClock(w.group, w.world_size,
+                                                         self.recorder).hook)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        sync = self.w.device.type == "cuda"
-        if sync:
-            torch.cuda.synchronize(self.w.device)
+        torch_sync()
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ddp is not None:
-            loss = F.cross_entropy(self.ddp(x), y)
-            self.clock.clock.restart()  # backward starts now
-            loss.backward()  # DDP all-reduces its buckets during backward
-            self.clock.clock.add("backward", "compute", 0.0, self.clock.clock.now())
-        else:
-            self.gs.backward(F.cross_entropy(self.model(x), y))
-            self.gs.finish()  # every .grad now holds the mean over ranks
+        loss = F.cross_entropy(self.model(x), y)
+        self.recorder.start_step()  # time 0 of the timeline: backward starts now
+        with self.recorder.compute("backward"):
+            loss.backward()  # DDP and "overlap" all-reduce buckets during backward
+        finish_sync(self.model)  # ours: the rest of the sync; every .grad is the mean now
         self.optimizer.step()
-        if sync:
-            torch.cuda.synchronize(self.w.device)
+        torch_sync()
         self.times.append(time.perf_counter() - start)
+        self.recorder.settle()
 
-    def timeline(self) -> list[dict]:
-        return list(self.clock.clock.events if self.clock else self.gs.timeline)
-
-    def close(self) -> None:
-        if self.gs is not None:
-            self.gs.remove_hooks()
+    def buckets(self) -> int | None:
+        return len(self.model.buckets) if hasattr(self.model, "buckets") else None
 
 
 def replicas_equal(model: nn.Module, w: Worker) -> bool:
@@ -144,16 +131,15 @@ def run_configs(configs: list[Config], w: Worker, rounds: int, steps: int) -> No
 
 
 def summary(config: Config, reference: torch.Tensor, w: Worker) -> dict:
-    params = parameter_vector(config.model).detach().cpu()
-    stats = config.gs.stats if config.gs is not None else {}
-    events = config.timeline()
+    params = parameter_vector(config.module).detach().cpu()
+    events = list(config.recorder.events)
     return {"label": config.label, "strategy": config.strategy, "bucket_mb": config.bucket_mb,
-            "median_step_s": statistics.median(config.times),
+            "median_step_s": statistics.median(config.times), "step_times_s": config.times,
             "collectives_per_step": sum(e["kind"] == "comm" for e in events),
-            "buckets": stats.get("buckets"), "timeline": events,
+            "buckets": config.buckets(), "timeline": events,
             "max_difference_to_ddp": float((params - reference).abs().max()),
             "same_as_ddp": bool(torch.allclose(params, reference, rtol=1e-5, atol=1e-5)),
-            "replicas_bitwise_equal": replicas_equal(config.model, w)}
+            "replicas_bitwise_equal": replicas_equal(config.module, w)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -173,15 +159,15 @@ def main(argv=None) -> None:
         configs += [Config(f"overlap {mb:g} MB", "overlap", mb, w)
                     for mb in map(float, args.sweep_mb.split(","))]
         run_configs(configs, w, args.rounds, args.steps)
-        reference = parameter_vector(configs[STRATEGIES.index("ddp")].model).detach().cpu()
+        reference = parameter_vector(configs[STRATEGIES.index("ddp")].module).detach().cpu()
         rows = [summary(c, reference, w) for c in configs]
         for row in rows:
             print0(w, f"[time] {row['label']:>18}: {1000 * row['median_step_s']:7.2f} ms/step, "
                       f"{row['collectives_per_step']} collectives")
         for c in configs:
-            c.close()
-        sizes = {"parameters": sum(p.numel() for p in configs[0].model.parameters()),
-                 "tensors": len(list(configs[0].model.parameters()))}
+            c.recorder.close()
+        sizes = {"parameters": sum(p.numel() for p in configs[0].module.parameters()),
+                 "tensors": len(list(configs[0].module.parameters()))}
         save_result({"world_size": w.world_size, "backend": w.backend, "model": sizes,
                      "bucket_mb": args.bucket_mb, "rows": rows})
 

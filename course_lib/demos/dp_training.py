@@ -19,7 +19,8 @@ import argparse
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import seed_everything, worker
 from course_lib.tasks.batching import micro_batch_slice
-from course_lib.train.config import LOSS_NORMS, SYNCS, TrainConfig, check_config
+from course_lib.train.config import LOSS_NORMS, TrainConfig, check_config
+from course_lib.train.syncs import SYNCS
 from course_lib.train.trainer import train
 
 

@@ -39,7 +39,6 @@ from course_lib.runtime.worker import Worker, print0, worker
 
 ALGORITHMS = {"naive": naive_all_reduce, "ring": ring_all_reduce,
               "recursive_doubling": recursive_doubling_all_reduce}
-WHOLE_CHUNKS = 1 << 30  # slice_bytes so large that every chunk travels as one message
 
 
 class TracingCounter(ByteCounter):
@@ -69,7 +68,7 @@ def trace_ring(w: Worker, numel: int) -> dict:
     """Run the real ring once and compare each step with ring_viz's prediction."""
     tensor = torch.full((numel,), 1 << w.rank, dtype=torch.int64, device=w.device)
     counter = TracingCounter(tensor)
-    ring_all_reduce(tensor, group=w.group, counter=counter, slice_bytes=WHOLE_CHUNKS)
+    ring_all_reduce(tensor, group=w.group, counter=counter)
     seen = [per_chunk(s, w.world_size) for s in counter.states + [tensor.cpu().tolist()]]
     predicted = [ring_viz.as_masks(state)[w.rank] for state in ring_viz.ring_states(w.world_size)]
     sends = [step.sends[w.rank] for step in ring_viz.ring_schedule(w.world_size)]

@@ -26,12 +26,15 @@ from course_lib.core.accumulation import (
     sum_token_loss,
 )
 from course_lib.core.collectives import ByteCounter, ring_all_reduce
-from course_lib.core.zero import Zero1, state_bytes
+from course_lib.core.train_step import finish_sync
+from course_lib.core.zero import Zero1
+from course_lib.lessons.memory import optimizer_state_bytes
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import print0, worker
 from course_lib.tasks.batching import micro_batch
 from course_lib.tasks.models import make_transformer, parameter_vector
 from course_lib.tasks.sequences import global_batch
+from course_lib.train.syncs import wrap_model
 
 STEPS = 5  # optimizer steps per run
 GLOBAL_BATCH = 24  # examples per step: divisible by 1, 2, 3, 4
@@ -46,43 +49,35 @@ def local_loss(model, part, global_tokens, size: int) -> torch.Tensor:
     return scale_by_global_tokens(loss_sum, global_tokens, size)  # x size: the sync averages
 
 
-def plain_step(model, optimizer, group, size: int) -> None:
-    """Plain data parallelism: all-reduce every gradient, clip, a whole AdamW everywhere."""
-    for p in model.parameters():
-        dist.all_reduce(p.grad, group=group)
-        p.grad.div_(size)  # the sum over ranks / N: the mean
-    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
 def train_both(size: int, group, rank: int, device: torch.device) -> dict:
     """Train plain DP and ZeRO-1 side by side on a group of ``size`` ranks."""
-    plain, sharded = make_transformer(seed=0, device=device), make_transformer(seed=0,
-                                                                                device=device)
+    plain = wrap_model("allreduce", make_transformer(seed=0, device=device), group, device)
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    zero = Zero1(sharded.parameters(), group, torch.optim.AdamW, lr=LR,
-                 weight_decay=WEIGHT_DECAY)
+    sharded, counter = make_transformer(seed=0, device=device), ByteCounter()
+    zero = Zero1(sharded.parameters(), torch.optim.AdamW, group, max_grad_norm=MAX_NORM,
+                 counter=counter, lr=LR, weight_decay=WEIGHT_DECAY)
     for step in range(STEPS):
         part = micro_batch(global_batch(0, step, GLOBAL_BATCH), rank, 0, size, 1).to(device)
         tokens = all_reduce_token_count(count_target_tokens(part.targets), group)
         local_loss(plain, part, tokens, size).backward()
-        plain_step(plain, plain_opt, group, size)
-        local_loss(sharded, part, tokens, size).backward()
-        zero.step(max_norm=MAX_NORM)
+        finish_sync(plain)  # all-reduce every gradient: the mean over ranks
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), MAX_NORM)
+        plain_opt.step()
+        plain_opt.zero_grad(set_to_none=True)
+        local_loss(sharded, part, tokens, size).backward()  # local gradients only
+        zero.step()  # reduce-scatter, clip, update my chunk, all-gather
         zero.zero_grad()
-    difference = (parameter_vector(plain) - parameter_vector(sharded)).abs().max()
+    ours, theirs = parameter_vector(sharded), parameter_vector(plain.module)
     reference = ByteCounter()  # what one ring all-reduce of every gradient sends
     ring_all_reduce(torch.zeros_like(zero.flat_grad), group=group, counter=reference)
-    return {"rank": rank, "plain_state_bytes": state_bytes(plain_opt),
-            "zero_state_bytes": zero.state_bytes(), "owned": list(zero.owned()),
+    return {"rank": rank, "plain_state_bytes": optimizer_state_bytes(plain_opt),
+            "zero_state_bytes": optimizer_state_bytes(zero.inner),
+            "owned": [zero.start, zero.end], "pieces": len(zero.pieces),
             "param_bytes": zero.flat.numel() * zero.flat.element_size(),
-            "zero_bytes_sent_per_step": zero.counter.bytes_sent // STEPS,
+            "zero_bytes_sent_per_step": counter.bytes_sent // STEPS,
             "ring_all_reduce_bytes": reference.bytes_sent,
-            "max_difference": float(difference),
-            "params_close": bool(torch.allclose(parameter_vector(plain),
-                                                parameter_vector(sharded),
-                                                rtol=1e-5, atol=1e-5))}
+            "max_difference": float((ours - theirs).abs().max()),
+            "params_close": bool(torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5))}
 
 
 def default_sizes(world_size: int) -> list[int]:

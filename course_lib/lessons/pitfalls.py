@@ -1,9 +1,9 @@
 """Gradient accumulation and its pitfalls, each one runnable (notebook 03).
 
-    from course_lib.lessons.pitfalls import accumulated_grad, TrainConfig, train
+    from course_lib.lessons.pitfalls import accumulated_grad, Recipe, train
     g = accumulated_grad(model, x, y, accum_steps=4)         # equals the big-batch gradient
     g_bad = accumulated_grad(model, x, y, 4, scale=False)    # 4 times too large
-    model2, losses, lrs = train(model, batches, TrainConfig(accum_steps=4, optimizer="adam"))
+    model2, losses, lrs = train(model, batches, Recipe(accum_steps=4, optimizer="adam"))
 
 Every function works on a copy or on the model's ``.grad`` only, on the tensors' device.
 Variable-length sequences (token-count normalisation) are in ``course_lib.core.accumulation``;
@@ -56,7 +56,7 @@ def accumulated_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, accum_s
 
 
 @dataclass
-class TrainConfig:
+class Recipe:
     """How one run accumulates and steps; the defaults are the correct recipe."""
 
     accum_steps: int = 1  # micro-batches per optimizer step
@@ -70,7 +70,7 @@ class TrainConfig:
     scheduler_every_micro_step: bool = False  # the bug: step the scheduler after each backward
 
 
-def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, config: Recipe) -> torch.optim.Optimizer:
     kinds = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
     if config.optimizer not in kinds:
         raise ValueError(f"optimizer={config.optimizer!r} is not known; use one of {list(kinds)}")
@@ -78,7 +78,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
                                    weight_decay=config.weight_decay)
 
 
-def train(model: nn.Module, batches, config: TrainConfig, loss_fn: Callable = F.cross_entropy):
+def train(model: nn.Module, batches, config: Recipe, loss_fn: Callable = F.cross_entropy):
     """Train a copy of ``model`` on ``batches`` [(x, y), ...]: one optimizer step per batch.
 
     Returns (the trained copy, the loss of each batch before its step, the lr of each step).

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import torch
 
-from course_lib.core.collectives import chunk_bounds
-
-REDUCE_SCATTER, ALL_GATHER = "reduce-scatter", "all-gather"
+from course_lib.core.collectives import ALL_GATHER, REDUCE_SCATTER, chunk_bounds, send_chunk
 
 
 @dataclass(frozen=True)
@@ -37,12 +35,6 @@ class RingStep:
 def _check_world(world_size: int) -> None:
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
-
-
-def send_chunk(rank: int, step: int, world_size: int, phase: str) -> int:
-    """The chunk rank ``rank`` sends in step ``step`` of ``phase`` (collectives.py's rule)."""
-    offset = 1 if phase == REDUCE_SCATTER else 0  # reduce-scatter starts one chunk back
-    return (rank - step - offset) % world_size
 
 
 def ring_schedule(world_size: int) -> list[RingStep]:

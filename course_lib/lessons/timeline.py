@@ -1,7 +1,16 @@
 """When compute and communication ran during one training step, and how much of it overlapped
-(notebook 08).
+(notebook 08). Not part of the teaching code: an optional recorder around it.
 
-``GradSync`` in ``course_lib.core.data_parallel`` records each synced step as a list of events:
+    recorder = CommRecorder(dist.all_reduce)          # counts and times every all-reduce
+    model = OverlapDataParallel(module, group, all_reduce=recorder)
+    recorder.start_step()
+    with recorder.compute("backward"):
+        loss.backward()
+    model.finish_gradient_sync()
+    recorder.settle()                                 # every end time is in
+    recorder.events, recorder.calls, recorder.bytes
+
+A step is a list of events:
 
     {"name": "backward", "kind": "compute", "start_s": 0.0, "end_s": 0.012, "bytes": 0}
     {"name": "bucket 0", "kind": "comm", "start_s": 0.004, "end_s": 0.007, "bytes": 1048576}
@@ -84,6 +93,75 @@ class CompletionWatcher:
             event["end_s"] = self.timeline.now()
             self.todo.task_done()
         self.todo.task_done()
+
+
+class CommRecorder:
+    """An all-reduce function that also records each call: use it wherever the wrappers take
+    ``all_reduce=``. Synchronous calls end when they return; asynchronous ones
+    (``async_op=True``) when a watcher thread sees their work complete."""
+
+    def __init__(self, all_reduce) -> None:
+        self.inner = all_reduce
+        self.clock = Timeline()
+        self.watcher = CompletionWatcher(self.clock)
+        self.calls = 0  # all-reduces since construction
+        self.bytes = 0  # bytes handed to them since construction
+
+    def __call__(self, tensor, group=None, async_op: bool = False):
+        nbytes = tensor.numel() * tensor.element_size()
+        self.calls += 1
+        self.bytes += nbytes
+        event = self.clock.add(f"all-reduce {len(self.clock.events)}", "comm", self.clock.now(),
+                               nbytes=nbytes)
+        if async_op:
+            work = self.inner(tensor, group=group, async_op=True)
+            self.watcher.watch(work, event)
+            return work
+        self.inner(tensor, group=group)
+        if tensor.device.type == "cuda":
+            torch_sync()
+        event["end_s"] = self.clock.now()
+        return None
+
+    def start_step(self) -> None:
+        """Start a new timeline: time 0 is now."""
+        self.settle()
+        self.clock.restart()
+
+    def compute(self, name: str):
+        """``with recorder.compute("backward"):`` records the block as a compute event."""
+        return _ComputeBlock(self.clock, name)
+
+    def settle(self) -> None:
+        self.watcher.settle()
+
+    @property
+    def events(self) -> list[dict]:
+        return self.clock.events
+
+    def close(self) -> None:
+        self.watcher.close()
+
+
+class _ComputeBlock:
+    def __init__(self, clock: Timeline, name: str) -> None:
+        self.clock, self.name = clock, name
+
+    def __enter__(self):
+        self.event = self.clock.add(self.name, "compute", self.clock.now())
+        return self.event
+
+    def __exit__(self, *exc) -> None:
+        torch_sync()
+        self.event["end_s"] = self.clock.now()
+
+
+def torch_sync() -> None:
+    """On a GPU, wait for the queued kernels, so that an end time is the real one."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def merge_intervals(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -1,5 +1,5 @@
 """The timeline picture of notebook 08: backward on one lane, each bucket's all-reduce on a lane
-of its own, drawn from the events ``GradSync`` records (``gs.timeline``).
+of its own, drawn from the events a ``CommRecorder`` records (course_lib.lessons.timeline).
 
     from course_lib.lessons.timeline_plot import timeline_bars, plot_timelines
     bars = timeline_bars(gs.timeline)          # pure: lanes, labels, start and end in ms

@@ -17,8 +17,8 @@ import torch
 
 from course_lib.runtime.worker import check_backend_fits, choose_backend
 from course_lib.tasks.batching import micro_batch_size
+from course_lib.train.syncs import SYNCS
 
-SYNCS = ("ddp", "naive", "ring", "allreduce", "bucketed", "overlap")
 TASKS = ("sequences",)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 OPTIMIZERS = ("adamw", "sgd")
@@ -52,7 +52,6 @@ class TrainConfig:
     seed: int = 0  # model weights and every batch come from it
     sync: str = "ddp"  # how gradients are averaged; "ddp,ring": one run each, same start
     bucket_mb: float = 25.0  # bucket size for ddp, bucketed and overlap
-    bucket_comm: str = "torch"  # what all-reduces a bucket: torch's all_reduce or our ring
     loss_norm: str = "tokens"  # "tokens" (right) or "mean_of_means" (the bug of notebook 03)
     dtype: str = "float32"  # "float64" for checks to 1e-12
     metrics: str | None = None  # JSON lines file, one object per optimizer step
@@ -114,7 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sync", type=sync_list, default=d.sync, metavar="{" + ",".join(SYNCS) + "}",
         help="gradient sync; a comma list (ddp,ring) trains once with each, same start")
     add("--bucket-mb", type=float, default=d.bucket_mb)
-    add("--bucket-comm", choices=("torch", "ring"), default=d.bucket_comm)
     add("--loss-norm", choices=LOSS_NORMS, default=d.loss_norm)
     add("--dtype", choices=tuple(DTYPES), default=d.dtype)
     add("--metrics", default=None, metavar="PATH", help="JSON lines, one per step")

@@ -13,7 +13,7 @@ step, so runs split in different ways compute the same updates. Each step:
     1. every rank builds the step's global batch and takes its own accum_steps micro-batches
     2. the ranks all-reduce their scored-token counts: the loss's denominator
     3. each micro-step backpropagates its token-loss sum x world_size / global_tokens;
-       only the last one communicates (--sync ddp: model.no_sync(); ours: GradSync)
+       only the last one communicates (``no_sync()`` on the others)
     4. gradients now hold the global batch's gradient on every rank: clip, step, check that
        all replicas are bitwise equal
 
@@ -35,13 +35,7 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-from course_lib.core.accumulation import (
-    all_reduce_token_count,
-    count_target_tokens,
-    mean_of_micro_means,
-    scale_by_global_tokens,
-    sum_token_loss,
-)
+from course_lib.core.train_step import train_step
 from course_lib.runtime.launch import LaunchError, launch, report_progress, save_result
 from course_lib.runtime.worker import Worker, print0, seed_everything, worker
 from course_lib.tasks.batching import micro_batches_of_rank
@@ -54,7 +48,7 @@ from course_lib.tasks.models import (
 from course_lib.tasks.sequences import VOCAB, global_batch, input_length
 from course_lib.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from course_lib.train.config import ConfigError, TrainConfig, check_config, parse_config
-from course_lib.train.syncs import make_sync
+from course_lib.train.syncs import wrap_model
 
 
 def build(config: TrainConfig, w: Worker):
@@ -78,44 +72,17 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     return config.lr
 
 
-def micro_loss(config, sync, part, global_tokens, world_size, accum_steps):
-    """One micro-step's loss to backpropagate, and its token-loss sum (for reporting)."""
-    loss_sum = sum_token_loss(sync.model(part.inputs), part.targets)
-    if config.loss_norm == "mean_of_means":  # the bug of notebook 03, kept for the demo
-        return mean_of_micro_means(loss_sum, count_target_tokens(part.targets),
-                                   accum_steps), loss_sum
-    # x world_size: the sync averages over ranks; / global_tokens: the mean over all tokens
-    return scale_by_global_tokens(loss_sum, global_tokens, world_size), loss_sum
-
-
-def train_step(step: int, config: TrainConfig, w: Worker, sync, optimizer) -> dict:
-    """One optimizer step (step counts from 1); returns what rank 0 reports."""
-    k_steps = config.accum_steps
+def one_step(step: int, config: TrainConfig, w: Worker, model, optimizer) -> dict:
+    """Optimizer step ``step`` (counting from 1) on this rank; returns what rank 0 reports."""
     batch = global_batch(config.seed, step - 1, config.global_batch_for(w.world_size),
-                         config.max_digits)
+                         config.max_digits)  # the same examples on every rank
     parts = [p.to(w.device) for p in
-             micro_batches_of_rank(batch, w.rank, w.world_size, k_steps)]
-    local_tokens = sum(count_target_tokens(p.targets) for p in parts)
-    global_tokens = all_reduce_token_count(local_tokens, w.group)  # before any micro-step
+             micro_batches_of_rank(batch, w.rank, w.world_size, config.accum_steps)]
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(config, step)
-    optimizer.zero_grad(set_to_none=True)
-    loss_sum = torch.zeros((), dtype=config.torch_dtype, device=w.device)
-    for k, part in enumerate(parts):
-        last = k == k_steps - 1
-        with sync.context(last):
-            loss, part_sum = micro_loss(config, sync, part, global_tokens, w.world_size,
-                                        k_steps)
-            sync.backward(loss, last)
-        loss_sum += part_sum.detach()
-    sync.finish()
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(sync.module.parameters(), max_norm)
-    optimizer.step()
-    dist.all_reduce(loss_sum, group=w.group)  # sum of every rank's token losses
-    return {"step": step, "loss": float(loss_sum) / int(global_tokens),
-            "grad_norm": float(grad_norm), "tokens": int(global_tokens),
-            "lr": optimizer.param_groups[0]["lr"]}
+    record = train_step(model, optimizer, parts, w.group, max_norm, config.loss_norm)
+    return {"step": step, **record, "lr": optimizer.param_groups[0]["lr"]}
 
 
 def replica_checksums(model, w: Worker) -> list[str]:
@@ -160,9 +127,9 @@ def write_metrics(config: TrainConfig, w: Worker, record: dict, first: bool) -> 
 
 def train(config: TrainConfig, w: Worker, name: str) -> dict:
     """The whole run on this rank with sync strategy ``name``; every rank returns the same."""
-    model, optimizer = build(config, w)
-    done = resume_from(config, w, model, optimizer)
-    sync = make_sync(name, model, w, config)
+    module, optimizer = build(config, w)
+    done = resume_from(config, w, module, optimizer)
+    model = wrap_model(name, module, w.group, w.device, config.bucket_mb)  # rank 0's weights
     last = min(config.steps, config.stop_after or config.steps)
     print0(w, f"training {config.task} on {w.world_size} process(es), {w.backend}, sync "
               f"{name}: global batch {config.global_batch_for(w.world_size)} = "
@@ -170,8 +137,8 @@ def train(config: TrainConfig, w: Worker, name: str) -> dict:
     records, checksums, equal, start = [], [], True, time.perf_counter()
     for step in range(done + 1, last + 1):
         began = time.perf_counter()
-        record = train_step(step, config, w, sync, optimizer)
-        checksums = replica_checksums(model, w)
+        record = one_step(step, config, w, model, optimizer)
+        checksums = replica_checksums(module, w)
         equal = equal and len(set(checksums)) == 1
         if w.device.type == "cuda":
             torch.cuda.synchronize(w.device)
@@ -182,15 +149,25 @@ def train(config: TrainConfig, w: Worker, name: str) -> dict:
             print0(w, f"step {step:4d}/{config.steps}  loss {record['loss']:.4f}  grad_norm "
                       f"{record['grad_norm']:.4f}  tokens {record['tokens']}")
         if config.checkpoint_dir and (step % config.checkpoint_every == 0 or step == last):
-            save_checkpoint(config.checkpoint_dir, step, model, optimizer, w.rank,
+            save_checkpoint(config.checkpoint_dir, step, module, optimizer, w.rank,
                             w.world_size, w.device, w.group, extra=asdict(config))
         report_progress(step, last, "steps")
     seconds = time.perf_counter() - start
-    sync.close()
     print0(w, f"[time] {len(records)} steps in {seconds:.2f} s "
               f"({len(records) / max(seconds, 1e-9):.1f} steps/s)")
-    report = {"replica_checksums": checksums, **sync.report()}
-    return summarise(config, w, name, model, records, equal, done, report)
+    report = {"replica_checksums": checksums, **sync_report(model, config, len(records))}
+    return summarise(config, w, name, module, records, equal, done, report)
+
+
+def sync_report(model, config: TrainConfig, steps: int) -> dict:
+    """What our wrappers' recorder counted (torch DDP does not say)."""
+    recorder = getattr(model, "recorder", None)
+    if recorder is None:
+        return {}
+    recorder.close()
+    return {"sync_totals": {"backward_calls": steps * config.accum_steps,
+                            "synced_steps": steps, "collectives": recorder.calls,
+                            "bytes_reduced": recorder.bytes}}
 
 
 def summarise(config, w, name, model, records, equal, done, report) -> dict:

@@ -1,15 +1,13 @@
-"""Check every hand-written collective against ``dist.all_reduce`` on awkward tensors (nb 06).
+"""Every hand-written all-reduce against ``dist.all_reduce`` on awkward tensors, launched by
+tests/test_collectives.py (one launch per world size, any world size).
 
-    python -m course_lib.runtime.launch --nproc 3 course_lib.demos.collectives_selftest
-
-Runs on any world size (1 and more), on Gloo (CPU) or NCCL (one GPU per process). Every rank
-makes its own random tensors (0-d, empty, one element, fewer elements than ranks, a size not
-divisible by the world size, ~10k elements, a transposed 2-D view, several dtypes), runs each
-algorithm of ``course_lib.core.collectives`` on a copy and ``dist.all_reduce`` on another, and
-records whether they agree, whether all ranks hold the same bits and how many bytes each rank
-sent. It also checks the two halves of the ring separately and that a rank passing another
-shape or dtype makes every rank raise ``ValueError``. Rank 0 hands the summary back with
-``save_result``; ``tests/test_collectives.py`` asserts on it.
+Every rank makes its own random tensors (0-d, empty, one element, fewer elements than ranks, a
+size not divisible by the world size, ~10k elements, a transposed 2-D view, several dtypes),
+runs each algorithm of ``course_lib.core.collectives`` and ``course_lib.core.fast_ring`` on a
+copy and ``dist.all_reduce`` on another, and records whether they agree, whether all ranks hold
+the same bits and how many bytes each rank sent. It also checks the two halves of the ring
+separately and that a rank passing another shape or dtype makes every rank raise ``ValueError``.
+Rank 0 hands the summary back with ``save_result``.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from course_lib.core import collectives
 from course_lib.core.collectives import (
     ByteCounter,
     naive_all_reduce,
@@ -28,6 +25,7 @@ from course_lib.core.collectives import (
     ring_all_reduce,
     ring_reduce_scatter,
 )
+from course_lib.core.fast_ring import fast_ring_all_reduce
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import print0, worker
 
@@ -41,16 +39,14 @@ ALGORITHMS = {
     "naive": naive_all_reduce,
     "ring": ring_all_reduce,
     "ring_halves": ring_halves,
-    "ring_small_slices": partial(ring_all_reduce, slice_bytes=1000),  # ~10 slices per chunk
-    "ring_tiny_slices": partial(ring_all_reduce, slice_bytes=4),  # one element per slice
     "recursive_doubling": recursive_doubling_all_reduce,
-    "ring_unchecked": partial(ring_all_reduce, check=False),  # no shape check: alike tensors
-    # the path NCCL takes (send and receive as one batch_isend_irecv), tried here on Gloo
-    "ring_batched": partial(collectives._in_place, "ring_all_reduce",
-                            algorithm=collectives._ring_all_reduce, batch=True, slice_bytes=1000),
-    "recursive_doubling_batched": partial(collectives._in_place,
-                                          "recursive_doubling_all_reduce",
-                                          algorithm=collectives._recursive_doubling, batch=True),
+    "fast_ring": fast_ring_all_reduce,
+    "fast_ring_small_slices": partial(fast_ring_all_reduce, slice_bytes=1000),  # ~10 per chunk
+    "fast_ring_tiny_slices": partial(fast_ring_all_reduce, slice_bytes=4),  # one element each
+    "fast_ring_no_pipeline": partial(fast_ring_all_reduce, slice_bytes=1000, depth=0),
+    "fast_ring_two_streams": partial(fast_ring_all_reduce, slice_bytes=1000, one_stream=False),
+    "fast_ring_fresh_buffers": partial(fast_ring_all_reduce, reuse_buffers=False),
+    "fast_ring_unchecked": partial(fast_ring_all_reduce, check=False),  # alike tensors only
 }
 TINY_SLICES_MAX_NUMEL = 64  # one message per element: only on small tensors, for test speed
 
@@ -184,7 +180,7 @@ def run_checks(w) -> dict:
     report = {"all_reduce": [], "reduce_scatter": [], "all_gather": [], "mismatch": []}
     for name, fn in ALGORITHMS.items():
         for case, x in cases.items():
-            if name == "ring_tiny_slices" and x.numel() > TINY_SLICES_MAX_NUMEL:
+            if name == "fast_ring_tiny_slices" and x.numel() > TINY_SLICES_MAX_NUMEL:
                 continue
             report["all_reduce"].append(check_all_reduce(w, name, fn, case, x))
     for case, x in cases.items():
@@ -192,7 +188,7 @@ def run_checks(w) -> dict:
         report["all_gather"].append(check_all_gather(w, case, x))
     if w.world_size > 1:  # one rank cannot disagree with itself
         for name, fn in ALGORITHMS.items():
-            if name == "ring_unchecked":
+            if name == "fast_ring_unchecked":
                 continue  # told not to check: mismatched tensors are the caller's fault
             for what in ("shape", "dtype"):
                 report["mismatch"].append(check_mismatch(w, name, fn, what))

@@ -1,7 +1,7 @@
 """Step time of every gradient-sync strategy against torch DDP (notebook 08; run by
 ``scripts/bench_data_parallel.py``, which writes the table, JSON and picture).
 
-    python -m course_lib.runtime.launch --nproc 2 course_lib.demos.bench_data_parallel_worker \\
+    python -m course_lib.runtime.launch --nproc 2 scripts/bench_data_parallel_worker.py \\
         --models transformer,mlp --bucket-mb 25,1 --steps 10 --rounds 3
 
 Any world size >= 1, Gloo (CPU) or NCCL (one GPU per process). Every configuration trains its
@@ -21,14 +21,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.core.data_parallel import STRATEGIES, GradSync, broadcast_parameters
+from course_lib.core.train_step import finish_sync
 from course_lib.lessons.timeline import overlap_summary
 from course_lib.runtime.launch import report_progress, save_result
 from course_lib.runtime.worker import print0, worker
 from course_lib.tasks.models import count_parameters, make_transformer
 from course_lib.tasks.sequences import IGNORE, global_batch
+from course_lib.train.syncs import SYNCS, wrap_model
 
-LABELS = ("ddp", "ddp views", *STRATEGIES, "no sync")  # every configuration, DDP first
+LABELS = (*SYNCS, "ddp views", "no sync")  # every configuration, DDP first
 
 
 def wide_mlp(width: int, depth: int, seed: int, device) -> nn.Module:
@@ -70,27 +71,30 @@ class Runner:
 
     def __init__(self, label: str, make, loss_of, w, bucket_mb: float):
         self.label, self.loss_of, self.times, self.hidden = label, loss_of, [], []
-        self.model = make()
-        broadcast_parameters(self.model, w.group)
-        self.gs = self.ddp = None
-        if label.startswith("ddp"):
+        module = make()
+        if label == "ddp views":
             ids = [w.device.index] if w.device.type == "cuda" else None
-            self.ddp = DDP(self.model, device_ids=ids, bucket_cap_mb=bucket_mb,
-                           gradient_as_bucket_view=label == "ddp views")
-        elif label != "no sync":
-            self.gs = GradSync(self.model, w.group, strategy=label, bucket_mb=bucket_mb)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-4)
+            self.model = DDP(module, device_ids=ids, bucket_cap_mb=bucket_mb,
+                             gradient_as_bucket_view=True)
+        elif label == "no sync":
+            self.model = module  # a lower bound: no communication at all
+        else:
+            self.model = wrap_model(label, module, w.group, w.device, bucket_mb)
+        self.recorder = getattr(self.model, "recorder", None)
+        self.opt = torch.optim.SGD(module.parameters(), lr=1e-4)
         self.device = w.device
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
-        if self.ddp is not None:
-            self.loss_of(self.ddp).backward()  # DDP syncs inside backward
-        elif self.gs is None:
-            self.loss_of(self.model).backward()  # a lower bound: no communication at all
+        loss = self.loss_of(self.model)
+        if self.recorder is not None:
+            self.recorder.start_step()
+            with self.recorder.compute("backward"):
+                loss.backward()
         else:
-            self.gs.backward(self.loss_of(self.model))
-            self.gs.finish()
+            loss.backward()  # DDP syncs inside backward
+        if self.label != "no sync":
+            finish_sync(self.model)
         self.opt.step()
 
     def timed(self, steps: int) -> None:
@@ -102,8 +106,9 @@ class Runner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             self.times.append(time.perf_counter() - start)
-            if self.gs is not None and self.gs.strategy == "overlap":
-                self.hidden.append(overlap_summary(self.gs.timeline)["hidden_fraction"])
+            if self.label == "overlap":
+                self.recorder.settle()
+                self.hidden.append(overlap_summary(self.recorder.events)["hidden_fraction"])
 
 
 def median(values: list[float]) -> float:
@@ -132,13 +137,13 @@ def bench_one(w, args, name: str, bucket_mb: float, done: list) -> list[dict]:
                      "ratio_to_ddp": median(r.times) / ddp_median, "steps": len(r.times),
                      "times_s": [round(t, 6) for t in r.times],
                      "hidden_fraction": median(r.hidden) if r.hidden else None,
-                     "timeline": r.gs.timeline if r.gs is not None else None})
+                     "timeline": list(r.recorder.events) if r.recorder else None})
         row = rows[-1]
         print0(w, f"[time] {name} bucket {bucket_mb:g} MB {r.label}: "
                   f"{1000 * row['median_s']:.2f} ms/step ({row['ratio_to_ddp']:.3f} x DDP)")
     for r in runners:
-        if r.gs is not None:
-            r.gs.remove_hooks()
+        if r.recorder is not None:
+            r.recorder.close()
     return rows
 
 

@@ -1,0 +1,92 @@
+"""The messages under the hand-written collectives (notebook 06): send, receive, count.
+
+- ``send``/``recv``: one blocking message; ``send_recv``: send one tensor and receive another at
+  the same time (the ring's step: every rank does both, so nobody waits for anybody).
+- ``ByteCounter``: what a rank sent, to check the 2(N-1)/N law.
+- ``check_same_shape``: every rank must pass alike tensors, or a peer waits for ever.
+- ``flat_work``/``done``: the algorithms work on a contiguous 1-D view, copied back if needed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class ByteCounter:
+    """What one rank sent: ``add`` is called with each tensor just before it is sent."""
+
+    bytes_sent: int = 0
+    messages: int = 0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        self.messages += 1
+
+
+def rank_and_size(group) -> tuple[int, int]:
+    """This process's rank in ``group`` and the group's size."""
+    if not dist.is_initialized():
+        raise RuntimeError("no process group: call these functions inside "
+                           "`with course_lib.runtime.worker.worker() as w:` in a launched file")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def send(tensor: torch.Tensor, dst: int, group, counter=None) -> None:
+    """Blocking send of ``tensor`` to rank ``dst`` of ``group``."""
+    if counter is not None:
+        counter.add(tensor)
+    dist.send(tensor, group=group, group_dst=dst)
+
+
+def recv(tensor: torch.Tensor, src: int, group) -> None:
+    """Blocking receive into ``tensor`` from rank ``src`` of ``group``."""
+    dist.recv(tensor, group=group, group_src=src)
+
+
+def send_recv(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group, counter=None):
+    """Send ``send`` to ``dst`` while receiving ``recv`` from ``src``, both at once; wait."""
+    ops = []
+    if recv.numel() > 0:  # both ends know the sizes: empty chunks are simply not sent
+        ops.append(dist.P2POp(dist.irecv, recv, group=group, group_peer=src))
+    if send.numel() > 0:
+        ops.append(dist.P2POp(dist.isend, send, group=group, group_peer=dst))
+        if counter is not None:
+            counter.add(send)
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+
+
+def check_same_shape(tensor: torch.Tensor, group) -> None:
+    """Every rank must pass the same shape and dtype, or a peer would wait for bytes that never
+    come. A safety check, not part of the algorithms, so it uses torch's all_gather: each rank
+    shares one number that differs when the shape or the dtype differs."""
+    world_size = rank_and_size(group)[1]
+    described = f"shape {tuple(tensor.shape)} and {tensor.dtype}"
+    mine = torch.tensor([zlib.crc32(described.encode())], device=tensor.device)  # (1,)
+    every = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(every, mine, group=group)
+    if any(not torch.equal(other, every[0]) for other in every):  # every rank sees it alike
+        told = [None] * world_size
+        dist.all_gather_object(told, described, group=group)  # now the words, for the error
+        ranks = "; ".join(f"rank {r} has {d}" for r, d in enumerate(told))
+        raise ValueError(f"the ranks passed different tensors: {ranks}. Every rank must pass "
+                         "a tensor of the same shape and dtype")
+
+
+def flat_work(tensor: torch.Tensor, group, check: bool = True) -> torch.Tensor:
+    """A contiguous 1-D tensor to work in: ``tensor`` itself, or a copy to copy back after."""
+    if check:
+        check_same_shape(tensor, group)
+    return tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+
+
+def done(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """Copy the result back if the work was done in a contiguous copy; return ``tensor``."""
+    if not tensor.is_contiguous():
+        tensor.copy_(flat.view(tensor.shape))
+    return tensor

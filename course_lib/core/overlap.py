@@ -1,0 +1,99 @@
+"""Data parallelism by hand, step 3: buckets sent while backward still runs (notebook 08).
+
+Backward makes the last layer's gradients first. As soon as every gradient of a bucket is
+final, its all-reduce can start, while backward computes the earlier layers' gradients: the
+communication hides behind the computation. A hook on each parameter
+(``Tensor.register_post_accumulate_grad_hook``: called when ``.grad`` is final for this
+backward) copies the gradient into its bucket and launches every bucket that is complete, with
+``dist.all_reduce(..., async_op=True)``, which returns at once with a handle;
+``finish_gradient_sync()`` waits for them. Buckets launch strictly in order, so every rank
+issues the same collectives in the same order, whatever order its hooks fire in.
+
+    model = OverlapDataParallel(module, group, bucket_mb=25)     # used like the others
+    ...; loss.backward(); model.finish_gradient_sync(); optimizer.step()
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib.core.buckets import BucketedDataParallel, copy_out
+from course_lib.core.data_parallel import mark_unused
+
+
+class OverlapDataParallel(BucketedDataParallel):
+    """Average gradients over the ranks: each bucket is all-reduced from a gradient hook."""
+
+    def __init__(self, module: nn.Module, group=None, bucket_mb: float | None = 25.0,
+                 all_reduce=dist.all_reduce, find_unused_parameters: bool = False):
+        super().__init__(module, group, bucket_mb, all_reduce, find_unused_parameters)
+        self.bucket_of = {p: b for b in self.buckets for p in b.params}
+        self.launched = []  # (bucket, handle of its all-reduce), in launch order
+        self.ready = set()  # ids of the parameters whose gradient is in its bucket this step
+        for param in self.params:
+            param.register_post_accumulate_grad_hook(self.gradient_ready)  # NEW
+
+    def forward(self, *inputs, **kwargs):
+        output = super().forward(*inputs, **kwargs)  # decides whether this backward syncs
+        if self.sync_pending:
+            self.launched, self.ready = [], set()
+            for bucket in self.buckets:
+                bucket.waiting = len(bucket.params)  # a new step: no gradient in yet
+            if self.find_unused_parameters:  # their hooks will not fire: count them in now
+                for param in self.params_outside(output):
+                    self.gradient_ready(param)
+        return output
+
+    def gradient_ready(self, param: nn.Parameter) -> None:
+        """Hook: ``param.grad`` is final. Copy it in; launch every bucket that is complete."""
+        if not self.sync_pending:
+            return  # inside no_sync(): gradients only accumulate in .grad
+        bucket = self.bucket_of[param]
+        self.ready.add(id(param))
+        if param.grad is None:
+            bucket.slot(param).zero_()  # unused here; other ranks may have used it
+        else:
+            bucket.slot(param).copy_(param.grad)
+        bucket.waiting -= 1
+        while len(self.launched) < len(self.buckets):  # launch in order, never skip one
+            nxt = self.buckets[len(self.launched)]
+            if nxt.waiting > 0:
+                break
+            handle = self.all_reduce(nxt.buffer, group=self.group, async_op=True)  # no wait
+            self.launched.append((nxt, handle))
+
+    def finish_gradient_sync(self) -> None:
+        """Launch what backward did not (parameters without a gradient), wait for every
+        bucket, then copy the means into ``.grad``."""
+        if not self.sync_pending:
+            raise RuntimeError("finish_gradient_sync() without a forward outside no_sync() "
+                               "since the last sync")
+        for param in self.params:
+            if id(param) not in self.ready:
+                self.gradient_ready(param)  # its hook did not fire in this backward
+        self.sync_pending = False
+        unused = mark_unused(self.params, self.group) if self.find_unused_parameters else None
+        for bucket, handle in self.launched:
+            handle.wait()  # the sum over the ranks is in the bucket now
+            bucket.buffer.div_(self.world_size)  # the mean
+            skip = [p for p, u in zip(self.params, unused or [], strict=False) if u]
+            copy_out(bucket, skip)
+
+    def params_outside(self, output) -> list[nn.Parameter]:
+        """Parameters that ``output``'s autograd graph does not reach (as DDP looks for them
+        with ``find_unused_parameters=True``): no gradient will come for them this time."""
+        outputs = output if isinstance(output, (tuple, list)) else [output]
+        stack = [t.grad_fn for t in outputs if torch.is_tensor(t) and t.grad_fn is not None]
+        seen, kept, reached = set(), [], set()  # kept: visited nodes stay alive, ids unique
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            kept.append(node)
+            if hasattr(node, "variable"):  # an AccumulateGrad node: it feeds a parameter
+                reached.add(id(node.variable))
+            stack.extend(next_node for next_node, _ in node.next_functions)
+        return [p for p in self.params if id(p) not in reached]
