@@ -237,3 +237,47 @@ def test_the_shown_accumulation_step_is_the_labs_correct_recipe():
     assert lrs == lab_lrs and lrs[1] < lrs[0]  # the schedule moved once per step
     for a, b in zip(mine.parameters(), lab.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_which_run_ends_lower_changes_with_the_seed():
+    """Notebook 03, 2.2: the mean-of-means run ends below the right run for one seed and above
+    it for others: a different run, not a better one."""
+    gaps = []
+    for seed in range(4):
+        start = models.make_transformer(seed=seed)
+        ends = {name: pitfalls.sequence_run(start, steps=40, size=64, accum_steps=4,
+                                            normalisation=name, seed=seed)[-1]
+                for name in ("tokens", "mean_of_means")}
+        gaps.append(ends["mean_of_means"] - ends["tokens"])
+    assert min(gaps) < 0 < max(gaps)
+
+
+def test_float16_needs_the_scaler_and_unscale_before_clipping():
+    """Notebook 03, 2.9: 1e-8 vanishes in float16 unless scaled; accumulated float16 gradients
+    match one pass; clipping before unscale_ leaves a step 65536 times too small."""
+    assert torch.tensor(1e-8).half().item() == 0.0
+    assert abs((torch.tensor(1e-8) * 65536).half().float().item() / 65536 - 1e-8) < 1e-10
+    model = toy.make_mlp(hidden=32, norm="layer", seed=0)
+    x, y = toy.two_moons(64, seed=1)
+
+    def applied(accum_steps, unscale=True, max_norm=None):
+        net = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        for xm, ym in pitfalls.micro_batches(x, y, accum_steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.cross_entropy(net(xm), ym) / accum_steps
+            scaler.scale(loss).backward()
+        if unscale:
+            scaler.unscale_(optimizer)
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+        grad = gradients.flat_grad(net)
+        return grad if unscale else grad / scaler.get_scale()
+
+    full = gradients.batch_grad(model, x, y)
+    assert gradients.relative_error(applied(4), applied(1)) < 1e-3
+    assert gradients.relative_error(applied(4), full) < 1e-2
+    assert abs(applied(4, max_norm=0.5).norm() - 0.5) < 1e-3
+    assert applied(4, unscale=False, max_norm=0.5).norm() < 1e-4
