@@ -17,30 +17,7 @@ median CPU time of a call summed over ranks (all threads, Gloo's I/O threads too
 same ratio for CPU time. On a shared machine wall times swing by 10-20 % from run to run;
 CPU times are steadier and show what each algorithm costs, whatever else is running.
 
-What we found on a 2-core CPU (Gloo over loopback TCP, one thread per process), and why:
-- The ring does what Gloo's own all-reduce does (reduce-scatter then all-gather round the
-  ring, chunks cut into slices so that sending one overlaps adding another) and moves the same
-  bytes. Measured under load from other work, two full runs: without the shape check
-  (``ring_unchecked``) it reached 0.85-1.10x of ``dist.all_reduce`` from 4 MB on, 2 and 4
-  processes; the default ``ring`` 0.83-1.07x from 16 MB on but only 0.58-0.70x at 4 MB.
-  The target (>= 0.95x from 4 MB on) is met by neither in every cell; the spread between
-  runs of the same cell (about +-10 %) is as large as the remaining gap.
-- The gap at 4 MB is the shape check: one extra round of tiny messages before any data
-  moves. On a quiet machine a round costs a fraction of a millisecond; when more runnable threads
-  than cores compete, each round waits for the peer to be scheduled, milliseconds.
-  ``check=False`` removes it, for callers that know every rank passes alike tensors.
-- What we tried, judged by CPU time: (1) receive buffers reused from call to call: the
-  biggest gain (fresh memory is zeroed page by page on first touch, about 2 ms of CPU per
-  4 MB, more than the add itself); (2) slice size: every message costs a fixed ~0.1-0.2 ms of
-  CPU here (Gloo's handshake and thread wake-ups; Python's share is small), so 256 KB slices
-  doubled the CPU time and 4 MB slices came out best; (3) two or four slices in flight, one
-  stream of messages for both halves of the ring, ``isend``/``irecv`` called directly on Gloo
-  (``batch_isend_irecv`` only loops over them there; NCCL gets the batch): small effects,
-  within the noise.
-- Small messages: each message costs a fixed latency, so fewer messages win: naive and
-  recursive doubling beat our ring, and Gloo's C++ loop beats all three.
-- With 4 processes on 2 cores, processes wait for a core; every algorithm slows down and the
-  times vary more. Naive suffers most at large sizes: rank 0 moves (N-1) whole tensors.
+The findings on this course's 2-core CPU and on a GPU are in the README (Performance).
 """
 
 from __future__ import annotations
@@ -58,7 +35,8 @@ from course_lib.runtime.launch import LaunchError, launch  # noqa: E402
 WORKER = "course_lib.demos.bench_all_reduce_worker"
 FULL_SIZES = [4 ** k * 4096 for k in range(8)]  # 4 KB, 16 KB, ..., 64 MB
 QUICK_SIZES = [4096, 262144, 4194304, 16777216]
-OURS = ("naive", "ring", "ring_unchecked", "recursive_doubling")
+OURS = ("naive", "ring", "recursive_doubling", "fast_reuse", "fast_sliced", "fast_one_stream",
+        "fast_unchecked")  # the textbook algorithms, then the fast ring one change at a time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -129,7 +107,7 @@ def summary_lines(rows: list[dict]) -> list[str]:
     """The target: the ring against dist.all_reduce for messages of 4 MB and more."""
     lines = []
     for n in sorted({r["world_size"] for r in rows}):
-        for name in ("ring", "ring_unchecked"):
+        for name in ("ring", "fast_one_stream", "fast_unchecked"):
             big = [r["vs_torch"] for r in rows if r["world_size"] == n
                    and r["algorithm"] == name and r["bytes"] >= 4 * 2**20]
             if big:

@@ -139,3 +139,16 @@ def test_default_settings_train_the_model_down():
     assert run["global_batch"] == 64 and len(run["losses"]) == 150
     first, last = run["losses"][0], sum(run["losses"][-10:]) / 10
     assert last < first - 0.8  # from about 2.6 (guessing among 14 tokens) to well below 2
+
+
+@pytest.mark.slow
+def test_the_logged_loss_is_all_reduced_and_a_ranks_own_loss_is_not_it(four_by_one, reference):
+    """Notebook 07, section 5: every rank's own loss is the loss of its share; the logged,
+    all-reduced loss is the single process's."""
+    own = four_by_one["rank_losses"]
+    assert len(own) == 4 and all(len(row) == STEPS for row in own)
+    torch.testing.assert_close(torch.tensor(four_by_one["losses"]),
+                               torch.tensor(reference["losses"]), **FP32)
+    gap = max(abs(a - b) for a, b in zip(own[0], reference["losses"], strict=True))
+    assert gap > 1e-2
+    assert reference["rank_losses"] == [reference["losses"]]  # one rank: its loss is the loss

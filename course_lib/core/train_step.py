@@ -39,8 +39,8 @@ def train_step(model, optimizer, micro_batches, group, max_norm: float = float("
     """Forward and backward over this rank's micro-batches, sync once, clip, step.
 
     ``micro_batches``: this rank's part of the global batch (``TokenBatch`` each). Returns the
-    global batch's mean loss (all-reduced: the same number on every rank), the gradient norm
-    and the global token count.
+    global batch's mean loss (all-reduced: the same number on every rank), this rank's own
+    mean loss, the gradient norm and the global token count.
     """
     world_size, accum_steps = dist.get_world_size(group), len(micro_batches)
     local_tokens = sum(count_target_tokens(mb.targets) for mb in micro_batches)
@@ -60,6 +60,7 @@ def train_step(model, optimizer, micro_batches, group, max_norm: float = float("
     finish_sync(model)  # every .grad now holds the global batch's gradient, on every rank
     grad_norm = clip_grad_norm_(model.parameters(), max_norm)  # the whole gradient, at last
     optimizer.step()  # the same gradient and weights everywhere: the same step
+    rank_loss = float(loss_sum) / int(local_tokens)  # this rank's share only: not the loss
     dist.all_reduce(loss_sum, group=group)  # for logging: every rank's token losses
-    return {"loss": float(loss_sum) / int(global_tokens), "grad_norm": float(grad_norm),
-            "tokens": int(global_tokens)}
+    return {"loss": float(loss_sum) / int(global_tokens), "rank_loss": rank_loss,
+            "grad_norm": float(grad_norm), "tokens": int(global_tokens)}

@@ -27,6 +27,7 @@ from course_lib.core.collectives import (
     recursive_doubling_all_reduce,
     ring_all_reduce,
 )
+from course_lib.core.fast_ring import fast_ring_all_reduce
 from course_lib.runtime.launch import report_progress, save_result
 from course_lib.runtime.worker import worker
 
@@ -36,9 +37,16 @@ def torch_all_reduce(tensor, group=None):
     return tensor
 
 
-ALGORITHMS = {"naive": naive_all_reduce, "ring": ring_all_reduce,
-              "ring_unchecked": partial(ring_all_reduce, check=False),  # no shape check
-              "recursive_doubling": recursive_doubling_all_reduce, "torch": torch_all_reduce}
+WHOLE = 1 << 40  # a slice size no chunk reaches: each chunk travels as one message
+ALGORITHMS = {
+    "naive": naive_all_reduce, "ring": ring_all_reduce,
+    "recursive_doubling": recursive_doubling_all_reduce, "torch": torch_all_reduce,
+    # the fast ring, one change at a time (course_lib/core/fast_ring.py, notebook 06)
+    "fast_reuse": partial(fast_ring_all_reduce, slice_bytes=WHOLE, depth=0, one_stream=False),
+    "fast_sliced": partial(fast_ring_all_reduce, one_stream=False),  # + 4 MB slices, pipelined
+    "fast_one_stream": fast_ring_all_reduce,  # + both halves as one stream of messages
+    "fast_unchecked": partial(fast_ring_all_reduce, check=False),  # + no shape check
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -108,8 +116,10 @@ def main() -> None:
             times = time_calls(w, source, args.algorithms, args.warmup, args.repeats)
             for name in args.algorithms:
                 wall, cpu = times[name]
+                q1, median, q3 = statistics.quantiles(wall, n=4) if len(wall) > 1 else wall * 3
                 rows.append({"algorithm": name, "bytes": source.numel() * 4,
                              "median_s": statistics.median(wall), "min_s": min(wall),
+                             "q1_s": q1, "q3_s": q3, "max_s": max(wall), "wall_s": wall,
                              "cpu_median_s": statistics.median(cpu), "equal": equal[name]})
             report_progress(i + 1, len(args.sizes), "sizes")
         save_result({"world_size": w.world_size, "backend": w.backend, "rows": rows})

@@ -155,7 +155,10 @@ def train(config: TrainConfig, w: Worker, name: str) -> dict:
     seconds = time.perf_counter() - start
     print0(w, f"[time] {len(records)} steps in {seconds:.2f} s "
               f"({len(records) / max(seconds, 1e-9):.1f} steps/s)")
-    report = {"replica_checksums": checksums, **sync_report(model, config, len(records))}
+    every = [None] * w.world_size  # each rank's own loss per step, before the all-reduce
+    dist.all_gather_object(every, [r["rank_loss"] for r in records], group=w.group)
+    report = {"replica_checksums": checksums, "rank_losses": every,
+              **sync_report(model, config, len(records))}
     return summarise(config, w, name, module, records, equal, done, report)
 
 
