@@ -159,3 +159,14 @@ def test_the_zero_stages_of_a_seven_billion_parameter_model_on_eight_gpus():
     assert params + grads + adam / n == 63 * 10**9
     assert params + (grads + adam) / n == 38.5 * 10**9
     assert (params + grads + adam) / n == 14 * 10**9
+
+
+def test_mixed_precision_and_fp32_both_count_16_bytes_but_zero1_shards_more_of_mixed():
+    """Notebooks 02 and 10: 2 + 2 + 4 + 8 (mixed) and 4 + 4 + 8 (fp32) are both 16 bytes; ZeRO
+    shards 12 of them under mixed precision (master weights + moments), 8 in fp32."""
+    p, n = 7 * 10**9, 8
+    mixed_weights, mixed_grads, mixed_state = 2 * p, 2 * p, (4 + 8) * p
+    assert mixed_weights + mixed_grads + mixed_state == 4 * p + 4 * p + 8 * p == 16 * p
+    assert mixed_weights + mixed_grads + mixed_state / n == 4 * p + 12 * p / n
+    assert mixed_weights + (mixed_grads + mixed_state) / n == 2 * p + 14 * p / n
+    assert 4 * p + 12 * p / n < 8 * p + 8 * p / n  # ZeRO-1 saves more under mixed precision
