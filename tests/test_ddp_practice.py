@@ -77,3 +77,24 @@ def test_our_trainer_matches_ddp(report):
     ddp, ours = report["trainer"]["ddp"], report["trainer"]["overlap"]
     assert len(ddp) == len(ours) == 4
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(ddp), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_minimal_ddp_script_trains_like_one_process_on_the_whole_batch():
+    """Notebook 09, section 2: the complete DDP script on 2 processes == 1 process."""
+    import torch.nn.functional as F
+
+    from course_lib.tasks import toy
+
+    result = launch("course_lib.demos.ddp_minimal", nproc=2, timeout_s=240, quiet=True).result
+    mlp = toy.make_mlp(hidden=32, norm="layer", seed=0)
+    optimizer = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    x, y = toy.two_moons(256 * 20, seed=1)
+    for step in range(20):
+        optimizer.zero_grad(set_to_none=True)
+        rows = slice(step * 256, (step + 1) * 256)
+        F.cross_entropy(mlp(x[rows]), y[rows]).backward()
+        optimizer.step()
+    single = torch.cat([p.detach().reshape(-1) for p in mlp.parameters()])
+    assert result["world_size"] == 2
+    torch.testing.assert_close(torch.tensor(result["params"]), single, rtol=1e-5, atol=1e-5)

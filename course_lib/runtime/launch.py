@@ -196,9 +196,10 @@ def _run_once(run_dir, target, nproc, args, timeout_s, env, port, quiet, progres
         stop_process_tree(agent, run_dir)
         logs.pump(final=True)
         raise LaunchError(f"interrupted: all {nproc} processes of {target} were stopped") from None
+    finally:
+        bar.close()  # also when the run failed: the bar says how far it got
     stop_process_tree(agent, run_dir)  # normally nothing is left; make sure
     logs.pump(final=True)
-    bar.close()
     elapsed = time.monotonic() - start
     code = agent.returncode if agent.returncode is not None else 1
     rank = watch.failure(agent_log_path)

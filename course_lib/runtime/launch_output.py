@@ -81,6 +81,7 @@ class Progress:
         self.path, self.enabled = path, enabled
         self.last = None
         self.widget = None
+        self.handle = None  # the widget's place in the cell's output, to replace at the end
         self.last_print = 0.0
 
     def _read(self):
@@ -98,7 +99,7 @@ class Progress:
             return
         self.last = state
         if self.widget is None and _in_notebook():
-            self.widget = _make_widget()
+            self.widget, self.handle = _make_widget()
         if self.widget is not None:
             self.widget.max = max(1, int(state["total"]))
             self.widget.value = int(state["done"])
@@ -109,9 +110,13 @@ class Progress:
                   flush=True)
 
     def close(self) -> None:
+        """The last state; in a notebook the bar is replaced by one line of text, so that a
+        saved notebook shows how far the run got rather than an empty widget."""
         self.update()
-        if self.widget is not None:
-            self.widget.bar_style = "success"
+        if self.widget is not None and self.last is not None:
+            self.widget.close()
+            line = f"{self.last['done']}/{self.last['total']} {self.last.get('label', '')}"
+            self.handle.update({"text/plain": f"[progress] {line.strip()}"}, raw=True)
 
 
 def _in_notebook() -> bool:
@@ -129,10 +134,9 @@ def _make_widget():
         import ipywidgets
         from IPython.display import display
     except ImportError:
-        return None
+        return None, None
     bar = ipywidgets.IntProgress(min=0, max=1, value=0, description="")
-    display(bar)
-    return bar
+    return bar, display(bar, display_id=True)
 
 
 # Errors a rank raises because ANOTHER rank died: the culprit is elsewhere.
