@@ -7,7 +7,7 @@ Runs on any world size >= 2 (ranks above 1 only wait), on Gloo (CPU) or NCCL (on
 process). For each size, rank 0 sends a float32 tensor of that many bytes to rank 1, which
 sends it straight back; half of the round trip is one message's time. Each size is checked
 once (the echo must equal what was sent), then timed ``--warmup`` + ``--repeats`` times.
-Rank 0 hands back the median and the fastest one-way time per size; fit them with
+Rank 0 hands back the fastest, quartiles, median and slowest one-way time per size; fit them with
 ``course_lib.lessons.cost_model.fit_alpha_beta``.
 """
 
@@ -84,8 +84,10 @@ def measure(w: Worker, sizes: list[int], warmup: int, repeats: int) -> list[dict
         exact = echo_is_exact(w, nbytes)
         times = one_way_times(w, nbytes, warmup, repeats) if w.rank < 2 else []
         if w.rank == 0:
+            q1, median, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else times * 3
             rows.append({"bytes": nbytes, "median_s": statistics.median(times),
-                         "min_s": min(times), "echo_exact": exact})
+                         "min_s": min(times), "q1_s": q1, "q3_s": q3, "max_s": max(times),
+                         "echo_exact": exact})
             print(f"[time] {nbytes:>9d} bytes: {statistics.median(times) * 1e6:9.1f} us "
                   "one way (median)")
         report_progress(i + 1, len(sizes), "sizes")

@@ -133,11 +133,19 @@ def ring_bytes_fraction(world_size: int) -> float:
 
 
 def plot_fit(nbytes: Sequence[float], measured: dict[str, Sequence[float]], model: AlphaBeta,
-             title: str = "one message: measured and alpha + beta x n"):
-    """Measured times (one series per label) and the fitted line, on log-log axes."""
+             title: str = "one message: measured and alpha + beta x n",
+             spread: tuple[Sequence[float], Sequence[float]] | None = None):
+    """Measured times (one series per label) and the fitted line, on log-log axes.
+
+    ``spread``: (first quartiles, third quartiles), drawn as a bar on each size.
+    """
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
+    if spread is not None:
+        for n, low, high in zip(nbytes, *spread, strict=True):
+            ax.plot([n, n], [low, high], color="tab:grey", lw=3, alpha=0.5)
+        ax.plot([], [], color="tab:grey", lw=3, alpha=0.5, label="middle half of the repeats")
     for (label, times), marker in zip(measured.items(), "os^", strict=False):
         ax.loglog(nbytes, times, marker, ls="", ms=5, label=label)
     grid = [min(nbytes) * (max(nbytes) / min(nbytes)) ** (i / 50) for i in range(51)]
