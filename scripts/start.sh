@@ -49,6 +49,9 @@ PY
 [ -n "$port" ] || { echo "error: no free port from ${PORT:-8888} on; set PORT=..." >&2; exit 1; }
 token="$(python -c 'import secrets; print(secrets.token_hex(16))')"
 root_flag=(); [ "$(id -u)" != 0 ] || root_flag=(--allow-root)  # JupyterLab refuses root else
+# Jupyter also reads config from JUPYTER_CONFIG_PATH (first), beside the user's own ~/.jupyter:
+# scripts/jupyter/labconfig/page_config.json switches off the "Jupyter news?" pop-up.
+export JUPYTER_CONFIG_PATH="$ROOT/scripts/jupyter${JUPYTER_CONFIG_PATH:+:$JUPYTER_CONFIG_PATH}"
 url="http://127.0.0.1:$port/lab/tree/00_start_here.ipynb?token=$token"
 cat <<MSG
 

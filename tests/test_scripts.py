@@ -64,6 +64,9 @@ def test_start_sh_serves_the_first_notebook_on_localhost(tmp_path):
         api = url.split("/lab/")[0] + "/api/contents/00_start_here.ipynb?content=0&token="
         meta = urllib.request.urlopen(api + url.rsplit("token=", 1)[1], timeout=5).read()
         assert b'"type": "notebook"' in meta or b'"type":"notebook"' in meta
+        # no "Jupyter news?" pop-up, and the learner's own config was not written to
+        assert ANNOUNCEMENTS in page_config(body)["disabledExtensions"]
+        assert not (user_config / "labconfig").exists()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
