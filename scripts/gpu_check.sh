@@ -6,6 +6,12 @@
 # scripts/env.sh cannot install (a cluster node without internet).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+usage="usage: scripts/gpu_check.sh [OUT_DIR] [--help]"
+case "${1:-}" in
+  -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+  -*) echo "error: unknown option $1" >&2; echo "$usage" >&2; exit 2 ;;
+esac
+if [ "$#" -gt 1 ]; then echo "error: one OUT_DIR at most, got $*" >&2; echo "$usage" >&2; exit 2; fi
 OUT="${1:-$ROOT/.bench/gpu}"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
@@ -14,10 +20,12 @@ cd "$ROOT"
 "$PY" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT" \
   || { echo "error: could not install the course package with $PY (pip install -e .)" >&2; exit 1; }
 mkdir -p "$OUT"
-gpus="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)" \
+count='import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)'
+gpus="$("$PY" -c "$count" 2>/dev/null)" \
   || { echo "error: $PY cannot import torch; set PYTHON=/path/to/python-with-torch" >&2; exit 1; }
 if [ "$gpus" -lt 1 ]; then
-  echo "error: no CUDA GPU visible to $PY; run this on a GPU machine (the CPU path is scripts/test.sh)" >&2
+  echo "error: no CUDA GPU visible to $PY; run this on a GPU machine" \
+       "(the CPU path is scripts/test.sh)" >&2
   exit 1
 fi
 echo "== GPU check, $(date -u +%Y-%m-%d)"

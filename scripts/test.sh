@@ -1,21 +1,43 @@
 #!/usr/bin/env bash
 # Everything CI checks, from a fresh clone: the environment, lint, unit tests, then every
 # notebook re-executed and compared with its saved outputs by nbval.
-#   scripts/test.sh              all of it
-#   scripts/test.sh --unit       lint and unit tests only
+#   scripts/test.sh              all of it (what CI runs)
+#   scripts/test.sh --quick      lint and the fast unit tests (those not marked slow)
+#   scripts/test.sh --unit       lint and every unit test
 #   scripts/test.sh --notebooks  notebooks only
+#   add --dry-run to any of them to print the commands without running them (nor installing)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/env.sh"
+usage="usage: scripts/test.sh [--quick | --unit | --notebooks] [--dry-run] [--help]"
+what=all; dry=0
+for arg in "$@"; do
+  case "$arg" in
+    --quick|--unit|--notebooks)
+      if [ "$what" != all ]; then
+        echo "error: give one of --quick, --unit and --notebooks, not --$what and $arg" >&2
+        echo "$usage" >&2; exit 2
+      fi
+      what="${arg#--}" ;;
+    --dry-run) dry=1 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "error: unknown option $arg" >&2; echo "$usage" >&2; exit 2 ;;
+  esac
+done
+
+run() {  # print the command, quoted as the shell would read it; run it unless --dry-run
+  printf '+'; printf ' %q' "$@"; printf '\n'
+  [ "$dry" = 1 ] || "$@"
+}
+
+if [ "$dry" = 0 ]; then source "$ROOT/scripts/env.sh" || exit 1; fi  # stops if setup failed
 source "$ROOT/scripts/ci_env.sh"
 cd "$ROOT"
-what="${1:-all}"
 status=0
 start=$(date +%s)
 
-if [ "$what" != "--notebooks" ]; then
+if [ "$what" != notebooks ]; then
   echo "== lint (ruff)"
-  ruff check course_lib tests scripts || status=1
+  run ruff check course_lib tests scripts || status=1
   echo "== unit tests"
   chromium="${COURSE_CHROMIUM:-/usr/bin/chromium}"
   if [ -x "$chromium" ]; then
@@ -24,17 +46,20 @@ if [ "$what" != "--notebooks" ]; then
     echo "[browser] SKIPPED: no Chromium at $chromium, so the JupyterLab browser test does not" \
          "run (apt-get install chromium, or set COURSE_CHROMIUM)"
   fi
-  python -m pytest tests -q -p no:cacheprovider || status=1
+  pytest_args=(tests -q -p no:cacheprovider)
+  if [ "$what" = quick ]; then pytest_args+=(-m "not slow"); fi  # the marker: pyproject.toml
+  run python -m pytest "${pytest_args[@]}" || status=1
 fi
 
-if [ "$what" != "--unit" ]; then
+if [ "$what" = all ] || [ "$what" = notebooks ]; then
   echo "== notebooks (nbval: every cell re-run, every text output compared)"
-  python scripts/check_notebook.py notebooks/[0-9][0-9]_*.ipynb || status=1
-  python -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+  run python scripts/check_notebook.py notebooks/[0-9][0-9]_*.ipynb || status=1
+  run python -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
     --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout=600 \
     --timeout=0 notebooks/ || status=1
 fi
 
+if [ "$dry" = 1 ]; then echo "scripts/test.sh: dry run, nothing was run"; exit 0; fi
 echo "[time] scripts/test.sh took $(( $(date +%s) - start )) s"
-if [ "$status" -ne 0 ]; then echo "scripts/test.sh: FAILED"; else echo "scripts/test.sh: all passed"; fi
-exit "$status"
+if [ "$status" -ne 0 ]; then echo "scripts/test.sh: FAILED"; exit "$status"; fi
+echo "scripts/test.sh: all passed"

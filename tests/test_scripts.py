@@ -1,19 +1,51 @@
-"""The README's commands: scripts/start.sh opens JupyterLab on 127.0.0.1 and stops cleanly."""
+"""The README's commands: scripts/start.sh opens JupyterLab on 127.0.0.1 and stops cleanly;
+scripts/env.sh is safe to source; every script refuses what it does not know.
 
+Tests that run scripts/env.sh for real create .venv the first time (a few minutes). The
+failing-install tests use a throwaway copy of the scripts whose requirements.txt names a
+package that does not exist, with pip told not to look at any index: pip fails at once.
+"""
+
+import json
 import os
 import re
+import shlex
+import shutil
 import signal
+import site
 import subprocess
+import sys
 import time
 import urllib.request
 
+import pytest
+
+from course_lib.runtime.launch import LOOPBACK
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ANNOUNCEMENTS = "@jupyterlab/apputils-extension:announcements"
+MISSING = "no-such-package-for-this-course"
 
 
-def test_start_sh_serves_the_first_notebook_on_localhost():
+def bash(*args, cwd=ROOT, env=None, timeout=900):
+    return subprocess.run(["bash", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def page_config(body: str) -> dict:
+    """The settings JupyterLab embeds in its page (id="jupyter-config-data")."""
+    found = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                      body, re.S)
+    assert found, "no jupyter-config-data in the page"
+    return json.loads(found.group(1))
+
+
+def test_start_sh_serves_the_first_notebook_on_localhost(tmp_path):
+    user_config = tmp_path / "user-jupyter"  # stands in for the learner's own ~/.jupyter
     proc = subprocess.Popen(["bash", "scripts/start.sh"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PORT": "8950"})
+                            env={**os.environ, "PORT": "8950",
+                                 "JUPYTER_CONFIG_DIR": str(user_config)})
     try:
         url, deadline = None, time.monotonic() + 90
         while url is None and time.monotonic() < deadline:
@@ -22,7 +54,7 @@ def test_start_sh_serves_the_first_notebook_on_localhost():
                               line)
             url = found.group(0) if found else None
         assert url, "start.sh printed no address"
-        body = None
+        body, deadline = None, time.monotonic() + 90
         while body is None and time.monotonic() < deadline:
             try:
                 body = urllib.request.urlopen(url, timeout=5).read().decode()
@@ -32,13 +64,137 @@ def test_start_sh_serves_the_first_notebook_on_localhost():
         api = url.split("/lab/")[0] + "/api/contents/00_start_here.ipynb?content=0&token="
         meta = urllib.request.urlopen(api + url.rsplit("token=", 1)[1], timeout=5).read()
         assert b'"type": "notebook"' in meta or b'"type":"notebook"' in meta
+        # no "Jupyter news?" pop-up, and the learner's own config was not written to
+        assert ANNOUNCEMENTS in page_config(body)["disabledExtensions"]
+        assert not (user_config / "labconfig").exists()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
 
 
-def test_start_sh_refuses_unknown_options():
-    out = subprocess.run(["bash", "scripts/start.sh", "--studnet"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 2
-    assert "unknown option --studnet" in out.stderr
+@pytest.mark.parametrize("script, args", [
+    ("start.sh", ["--studnet"]),
+    ("start.sh", ["--reset"]),  # known, but only with --student
+    ("test.sh", ["--bogus"]),
+    ("test.sh", ["--unit", "--notebooks"]),
+    ("test.sh", ["--quick", "--bogus"]),  # not "run everything"
+    ("execute_notebooks.sh", ["--bogus"]),
+    ("execute_notebooks.sh", ["notebooks/99_none.ipynb"]),
+    ("gpu_check.sh", ["--bogus"]),
+    ("gpu_check.sh", ["out", "extra"]),
+])
+def test_scripts_refuse_unknown_options_before_installing(script, args, tmp_path):
+    venv = tmp_path / "venv"  # were the environment set up first, it would appear here
+    done = bash(f"scripts/{script}", *args, env={"COURSE_VENV": str(venv)}, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: ") and args[-1] in done.stderr
+    assert f"usage: scripts/{script}" in done.stderr
+    assert done.stdout == "" and not venv.exists()
+
+
+def test_slurm_script_refuses_unknown_trainer_options_once():
+    """Its options are the trainer's: checked once, before srun or torchrun start anything."""
+    done = bash("scripts/slurm_train.sbatch", "--stepz", "3", env={"REHEARSE": "1"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "unrecognized arguments: --stepz" in done.stderr
+    assert "usage: [DRY_RUN=1|REHEARSE=1] scripts/slurm_train.sbatch" in done.stderr
+    assert "torchrun" not in done.stderr and "[rank" not in done.stdout
+
+
+def test_sourced_env_sh_leaves_the_shell_and_its_options_alone():
+    script = ('before="$(set +o; shopt)"; source scripts/env.sh; echo "status=$?"; '
+              '[ "$(set +o; shopt)" = "$before" ] && echo same-options; '
+              'command -v python; false; echo still-here')
+    done = bash("-c", script)
+    assert done.stdout.splitlines()[-4:] == [
+        "status=0", "same-options", os.path.join(ROOT, ".venv", "bin", "python"), "still-here"]
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    """A copy of the scripts whose requirements.txt cannot be installed, and an existing
+    environment for it that already imports the course's packages (as after an earlier
+    install: these tests' own), with pip kept offline."""
+    root = tmp_path_factory.mktemp("broken")
+    shutil.copytree(os.path.join(ROOT, "scripts"), root / "scripts")
+    (root / "requirements.txt").write_text(f"{MISSING}==1.0\n")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    path = os.pathsep.join([*site.getsitepackages(), os.environ.get("PYTHONPATH", "")])
+    env = {"COURSE_VENV": str(venv), "PIP_NO_INDEX": "1", "PYTHON": sys.executable,
+           "PYTHONPATH": path.rstrip(os.pathsep)}
+    return root, venv, env
+
+
+def assert_pip_failed(done, venv):
+    assert done.returncode != 0
+    assert f"No matching distribution found for {MISSING}" in done.stderr  # pip's own words
+    assert "error: pip could not install requirements.txt" in done.stderr
+    assert not (venv / ".requirements.sha256").exists()  # the next run tries again
+
+
+@pytest.mark.parametrize("command", [
+    ["scripts/env.sh"],
+    ["scripts/start.sh"],
+    ["scripts/test.sh", "--quick"],
+    ["scripts/execute_notebooks.sh"],
+])
+def test_a_failed_install_stops_the_script_and_records_nothing(broken, command):
+    root, venv, env = broken
+    (venv / ".requirements.sha256").write_text("an earlier requirements.txt\n")
+    done = bash(*command, cwd=root, env=env, timeout=300)
+    assert_pip_failed(done, venv)
+    assert "The course is starting" not in done.stdout and "== lint" not in done.stdout
+
+
+def test_sourced_env_sh_whose_install_fails_returns_and_the_shell_goes_on(broken):
+    root, venv, env = broken
+    done = bash("-c", 'source scripts/env.sh; echo "status=$?"; echo still-here', cwd=root,
+                env=env, timeout=300)
+    assert done.stdout.splitlines()[-2:] == ["status=1", "still-here"]
+    assert done.returncode == 0  # the shell went on to its last command
+    assert_pip_failed(subprocess.CompletedProcess([], 1, done.stdout, done.stderr), venv)
+
+
+def pytest_command(*options) -> list[str]:
+    """The unit-test command scripts/test.sh would run with these options."""
+    done = bash("scripts/test.sh", *options, "--dry-run", timeout=60)
+    assert done.returncode == 0, done.stderr
+    runs = [shlex.split(line[2:]) for line in done.stdout.splitlines() if line.startswith("+ ")]
+    unit = [cmd for cmd in runs if cmd[:3] == ["python", "-m", "pytest"] and "tests" in cmd]
+    assert len(unit) == 1, done.stdout
+    assert ["ruff", "check", "course_lib", "tests", "scripts"] in runs  # lint runs too
+    assert not any("--nbval" in cmd for cmd in runs)  # no notebooks
+    return unit[0]
+
+
+def collected(command: list[str], test_file: str) -> set[str]:
+    """The test ids ``command`` would run from ``test_file`` (collection only)."""
+    args = [test_file if a == "tests" else a for a in command[3:]]
+    done = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_quick_selects_only_the_tests_not_marked_slow():
+    quick, unit = pytest_command("--quick"), pytest_command("--unit")
+    some = "tests/test_hang_lab.py"  # a file with slow and fast tests
+    fast, every = collected(quick, some), collected(unit, some)
+    marked = collected(["python", "-m", "pytest", "tests", "-q", "-m", "slow"], some)
+    assert fast and marked and every - fast == marked  # exactly the slow ones are left out
+    assert f"{some}::test_every_case_ends_within_seconds" in marked
+    assert f"{some}::test_blamed_ranks_are_read_from_monitored_barrier_messages" in fast
+
+
+@pytest.mark.parametrize("system, interface", [(None, LOOPBACK), ("Darwin", "lo0"),
+                                               ("Linux", "lo")])
+def test_ci_env_names_this_platforms_loopback_interface(system, interface, tmp_path):
+    env = {}
+    if system is not None:  # a uname that answers as that system would
+        fake = tmp_path / "uname"
+        fake.write_text(f"#!/bin/sh\necho {system}\n")
+        fake.chmod(0o755)
+        env["PATH"] = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    done = bash("-c", 'source scripts/ci_env.sh; echo "$GLOO_SOCKET_IFNAME"', env=env)
+    assert done.stdout.strip() == interface

@@ -2,14 +2,24 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from course_lib.runtime.launch import LaunchError, launch
-from course_lib.train.checkpoint import CRASH_ENV, checkpoint_path, load_checkpoint
-from course_lib.train.config import parse_config
-from course_lib.train.trainer import run_single_process
+from course_lib.train.checkpoint import (
+    CRASH_ENV,
+    CheckpointError,
+    checkpoint_path,
+    load_checkpoint,
+)
+from course_lib.train.config import ConfigError, parse_config
+from course_lib.train.trainer import main, run_single_process
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STEPS = 8
 # dropout on: the random generators must be restored too, or the resumed run drifts
@@ -54,11 +64,76 @@ def test_resume_without_a_checkpoint_starts_at_step_one(tmp_path, capsys):
     assert "no checkpoint in" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_resume_without_a_checkpoint_on_two_processes_says_so_once(tmp_path):
+    run = launched("--checkpoint-dir", str(tmp_path), "--resume", "--steps", "2")
+    assert run.result["steps"] == [1, 2]
+    said = [line for line in run.output.splitlines() if "no checkpoint in" in line]
+    assert said == [f"[rank 0] no checkpoint in {tmp_path} yet: starting at step 1"]
+
+
+def corrupt(folder) -> str:
+    """A checkpoint file cut short, as a copy interrupted half-way leaves it."""
+    folder.mkdir(exist_ok=True)
+    path = checkpoint_path(str(folder))
+    with open(path, "wb") as f:
+        f.write(b"PK\x03\x04 not a whole checkpoint")
+    return path
+
+
 def test_unreadable_checkpoint_gives_a_clear_error(tmp_path):
-    with open(checkpoint_path(str(tmp_path)), "wb") as f:
-        f.write(b"not a checkpoint")
-    with pytest.raises(RuntimeError, match="cannot be read.*delete it"):
+    corrupt(tmp_path)
+    with pytest.raises(CheckpointError, match="cannot be read.*delete it") as caught:
         load_checkpoint(str(tmp_path))
+    assert isinstance(caught.value, ConfigError)  # the trainer reports it as bad input
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
+    torch.save({"weights": torch.zeros(2)}, checkpoint_path(str(tmp_path)))
+    with pytest.raises(CheckpointError, match="not a checkpoint of course_lib.train .*model"):
+        load_checkpoint(str(tmp_path))
+    with pytest.raises(CheckpointError, match="is a file, not a folder"):
+        load_checkpoint(checkpoint_path(str(tmp_path)))
+
+
+@pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]], ids=["one-process", "nproc-2"])
+def test_corrupt_checkpoint_ends_with_one_line_and_no_traceback(tmp_path, nproc):
+    path = corrupt(tmp_path / "ckpt")
+    done = subprocess.run([sys.executable, "-m", "course_lib.train", *nproc, "--steps", "2",
+                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == ""  # refused before any rank started
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"error: {path} cannot be read")
+    assert "delete it to start over, or pass another --checkpoint-dir" in done.stderr
+
+
+@pytest.mark.parametrize("rank, says", [("0", True), ("1", False)])
+def test_under_torchrun_only_rank_0_reports_the_corrupt_checkpoint(tmp_path, monkeypatch,
+                                                                   capsys, rank, says):
+    corrupt(tmp_path)
+    for name, value in {"RANK": rank, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"}.items():
+        monkeypatch.setenv(name, value)
+    joined = []
+    monkeypatch.setattr("course_lib.train.trainer.worker", lambda **kw: joined.append(kw))
+    code = main(["--checkpoint-dir", str(tmp_path), "--resume"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and joined == []  # every rank stops before the rendezvous
+    assert err.count("\n") == (1 if says else 0) and "Traceback" not in err
+    assert ("cannot be read" in err) == says
+
+
+def test_a_checkpoint_spoilt_after_the_check_still_ends_with_one_line(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The load inside the run (after the process group exists) reports the same way."""
+    corrupt(tmp_path)
+    monkeypatch.setattr("course_lib.train.checkpoint.check_checkpoint", lambda folder: None)
+    code = main(["--steps", "2", "--checkpoint-dir", str(tmp_path), "--resume"])
+    out, err = capsys.readouterr()
+    assert code == 2 and not dist.is_initialized()
+    assert err.count("\n") == 1 and err.startswith("error: ") and "cannot be read" in err
 
 
 def test_killed_while_writing_keeps_the_previous_checkpoint_and_resumes_exactly(tmp_path):

@@ -134,6 +134,11 @@ def check_port_free(port: int) -> None:
                               "or pass port=None to let the system choose one") from None
 
 
+def _poll_wait(seconds: float = 0.05) -> None:
+    """The pause between two looks at the running ranks (tests replace it)."""
+    time.sleep(seconds)
+
+
 def launch(target: str, nproc: int, args: Sequence[Any] = (), timeout_s: float | None = None,
            env: dict | None = None, port: int | None = None, quiet: bool = False,
            progress: bool = True) -> LaunchResult:
@@ -180,7 +185,7 @@ def _run_once(run_dir, target, nproc, args, timeout_s, env, port, quiet, progres
     failure_seen_at = None
     try:
         while agent.poll() is None:
-            time.sleep(0.05)
+            _poll_wait()
             logs.pump()
             bar.update()
             watch.poll()

@@ -2,6 +2,7 @@
 
     save_checkpoint(directory, step, model, optimizer, w)   # every rank calls it
     state = load_checkpoint(directory)                       # None when there is none yet
+    check_checkpoint(directory)       # before anything starts: raises CheckpointError
     model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"])
     restore_rng(state["rng"], w.rank, w.world_size)
 
@@ -12,7 +13,10 @@ depends only on the seed and the step.
 
 Rank 0 writes ``checkpoint.pt.tmp`` and then renames it over ``checkpoint.pt``
 (``os.replace`` is atomic): a run killed while writing leaves the previous checkpoint whole.
-Every rank reads the same file, so several machines need a shared folder.
+Every rank reads the same file, so several machines need a shared folder. A file that cannot
+be read raises :class:`CheckpointError`, a :class:`ConfigError` with one line that names the
+file and what to do; ``python -m course_lib.train --resume`` checks it before any process
+starts, so the run ends with that line instead of a traceback from every rank.
 """
 
 from __future__ import annotations
@@ -25,8 +29,15 @@ import signal
 import torch
 import torch.distributed as dist
 
+from course_lib.train.config import ConfigError
+
 CHECKPOINT_NAME = "checkpoint.pt"
 CRASH_ENV = "COURSE_CRASH_IN_CHECKPOINT"  # fault drill: rank 0 is killed while writing this step
+KEYS = ("step", "model", "optimizer", "rng")  # what a resumed run reads
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used; the message names the file and what to do."""
 
 
 def checkpoint_path(directory: str) -> str:
@@ -102,12 +113,31 @@ def save_checkpoint(directory: str, step: int, model: torch.nn.Module,
 
 
 def load_checkpoint(directory: str) -> dict | None:
-    """The last complete checkpoint in ``directory`` (on the CPU), or None if there is none."""
+    """The last complete checkpoint in ``directory`` (on the CPU), or None if there is none.
+
+    Raises CheckpointError (one line) when the file is unreadable or is not a checkpoint.
+    """
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise CheckpointError(f"--checkpoint-dir {directory} is a file, not a folder; point "
+                              "--checkpoint-dir at a folder")
     path = checkpoint_path(directory)
     if not os.path.exists(path):
         return None
+    advice = "delete it to start over, or pass another --checkpoint-dir"
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise RuntimeError(f"{path} cannot be read ({type(e).__name__}); delete it to start "
-                           "over, or point --checkpoint-dir at another run") from e
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, overwritten, another format: all end the same way
+        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}); {advice}") from e
+    missing = [key for key in KEYS if key not in state] if isinstance(state, dict) else KEYS
+    if missing:
+        raise CheckpointError(f"{path} is not a checkpoint of course_lib.train (no "
+                              f"{', '.join(missing)}); {advice}")
+    return state
+
+
+def check_checkpoint(directory: str) -> None:
+    """Raise CheckpointError unless ``directory`` holds a usable checkpoint or none at all.
+
+    It reads the whole file once more; this course's checkpoints are small.
+    """
+    load_checkpoint(directory)

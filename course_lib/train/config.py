@@ -2,8 +2,8 @@
 
 ``parse_config(argv)`` turns the command line into a :class:`TrainConfig`;
 ``check_config(config, world_size)`` raises :class:`ConfigError` with one line that says what
-to change. Both run before any process group exists: in the launching process and again in
-every worker.
+to change (with --resume, also when the checkpoint cannot be read). Both run before any
+process group exists: in the launching process and again in every worker.
 """
 
 from __future__ import annotations
@@ -195,3 +195,7 @@ def check_config(config: TrainConfig, world_size: int, local_world_size: int | N
         check_backend_fits(choose_backend(local, env), local)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if config.resume and config.checkpoint_dir is not None:
+        from course_lib.train.checkpoint import check_checkpoint  # it imports this module
+
+        check_checkpoint(config.checkpoint_dir)  # an unreadable file: one line, before any rank

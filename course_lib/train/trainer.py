@@ -46,7 +46,12 @@ from course_lib.tasks.models import (
     parameter_vector,
 )
 from course_lib.tasks.sequences import VOCAB, global_batch, input_length
-from course_lib.train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
+from course_lib.train.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from course_lib.train.config import ConfigError, TrainConfig, check_config, parse_config
 from course_lib.train.syncs import wrap_model
 
@@ -268,8 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             check_config(config, 1)
             run_single_process(config)
-    except (ConfigError, LaunchError) as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+    except (ConfigError, LaunchError) as e:  # CheckpointError is a ConfigError
+        if not isinstance(e, CheckpointError) or os.environ.get("RANK", "0") == "0":
+            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)  # every rank reads it
         return 2 if isinstance(e, ConfigError) else 1
     return 0
 
