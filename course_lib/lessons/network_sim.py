@@ -298,7 +298,8 @@ def plot_algorithms(link: Link | str, world_size: int, *, low_bytes: int = 1 << 
     for r in ranges[1:]:  # each later range starts where its algorithm takes over
         ax.axvline(r.low_bytes, color="grey", ls=":", lw=1)
         ax.annotate(f"{r.algorithm} from {r.low_bytes:,} B", (r.low_bytes, 0.02),
-                    xycoords=("data", "axes fraction"), rotation=90, fontsize=7, va="bottom")
+                    xycoords=("data", "axes fraction"), xytext=(2, 0),
+                    textcoords="offset points", rotation=90, fontsize=7, va="bottom")
     ax.set(xlabel="tensor size (bytes)", ylabel="seconds per all-reduce",
            title=f"{world_size} ranks, {link.name}")
     ax.legend(fontsize=8)
