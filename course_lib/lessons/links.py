@@ -1,0 +1,102 @@
+"""Named links, and a network of N ranks with one link each (notebook 06's simulator,
+``course_lib.lessons.network_sim``).
+
+A link is what one rank has to the others: a bandwidth per direction (full duplex: it can send
+and receive at that rate at the same time) and a latency, the fixed cost of one message.
+``Network`` keeps, for each rank, when its sending and receiving sides are next free.
+
+    from course_lib.lessons.links import LINKS, get_link, link_from_model
+    get_link("InfiniBand NDR 400 Gb/s").bandwidth_bytes_per_s   # 50e9
+    link_from_model(model)        # this machine, from notebook 05's fitted alpha and beta
+
+Bandwidths are the vendors' published peak figures, per direction, after line encoding; real
+transfers reach somewhat less. Vendors rarely publish a latency for one message end to end
+(it depends on the software, the switches and the distance), so each entry says whether its
+latency is a vendor figure or an order-of-magnitude assumption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course_lib.lessons.cost_model import AlphaBeta
+
+
+@dataclass(frozen=True)
+class Link:
+    """One rank's full-duplex link: a message of n bytes takes latency_s + n / bandwidth."""
+
+    name: str
+    bandwidth_bytes_per_s: float  # each direction
+    latency_s: float  # per message, whatever its size
+
+    def message_s(self, nbytes: float) -> float:
+        """Seconds one message of ``nbytes`` bytes occupies a sender's and a receiver's link."""
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+PCIE_ENCODING = 128 / 130  # PCIe 3.0 to 5.0 send 128 data bits in every 130 on the wire
+
+LINKS = {link.name: link for link in (
+    # PCI-SIG, PCI Express Base Specification 4.0: 16 GT/s per lane, 128b/130b encoding
+    # (PCI-SIG quotes 64 GB/s for x16, both directions together).
+    # Latency: no vendor figure; 1 us is an order-of-magnitude assumption.
+    Link("PCIe 4.0 x16", 16e9 * 16 / 8 * PCIE_ENCODING, 1e-6),
+    # PCI-SIG, PCI Express Base Specification 5.0 announcement: 32 GT/s per lane, "up to
+    # 128 GB/s via x16" (both directions together), 128b/130b encoding.
+    # Latency: no vendor figure; 1 us is an order-of-magnitude assumption.
+    Link("PCIe 5.0 x16", 32e9 * 16 / 8 * PCIE_ENCODING, 1e-6),
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM): NVLink 900 GB/s per GPU, both directions
+    # together over 18 fourth-generation links, so 450 GB/s each way.
+    # Latency: no vendor figure; 1 us is an order-of-magnitude assumption.
+    Link("NVLink 4 (H100)", 900e9 / 2, 1e-6),
+    # NVIDIA ConnectX-7 adapter user manual: one port of NDR 400 Gb/s, i.e. 50 GB/s each way.
+    # Latency: that manual gives none; assumed equal to the ConnectX-6 figure below.
+    Link("InfiniBand NDR 400 Gb/s", 400e9 / 8, 600e-9),
+    # NVIDIA ConnectX-6 adapter user manual: ports of HDR 200 Gb/s (25 GB/s each way) and
+    # "sub-600ns latency" (a vendor figure for the adapter; switches and software add more).
+    Link("InfiniBand HDR 200 Gb/s", 200e9 / 8, 600e-9),
+)}
+
+
+def get_link(link: Link | str) -> Link:
+    """A ``Link`` as it is, or the named one from ``LINKS``."""
+    if isinstance(link, Link):
+        return link
+    if link not in LINKS:
+        raise ValueError(f"unknown link {link!r}; pass a Link or one of {sorted(LINKS)}")
+    return LINKS[link]
+
+
+def link_from_model(model: AlphaBeta, name: str = "this machine") -> Link:
+    """The link notebook 05's fit describes: latency alpha, bandwidth 1 / beta."""
+    if not model.beta_s_per_byte > 0:
+        raise ValueError("the model needs beta_s_per_byte > 0 (a finite bandwidth)")
+    return Link(name, model.bandwidth_bytes_per_s, model.alpha_s)
+
+
+class Network:
+    """N ranks, each with one such link: when each side is next free, and what each rank sent.
+
+    ``course_lib.lessons.network_sim`` plays the all-reduce schedules on it.
+    """
+
+    def __init__(self, world_size: int, link: Link, reduce_bytes_per_s: float | None) -> None:
+        self.link, self.reduce_bytes_per_s = link, reduce_bytes_per_s
+        self.send_free = [0.0] * world_size
+        self.receive_free = [0.0] * world_size  # the receiver's add included
+        self.bytes_sent = [0] * world_size
+        self.messages_sent = [0] * world_size
+
+    def add_s(self, nbytes: int) -> float:
+        return nbytes / self.reduce_bytes_per_s if self.reduce_bytes_per_s else 0.0
+
+    def send(self, src: int, dst: int, nbytes: int, ready_s: float, add: bool = False) -> float:
+        """Send once the data is ready and both sides are free; returns when dst is done."""
+        start = max(ready_s, self.send_free[src], self.receive_free[dst])
+        arrived = start + self.link.message_s(nbytes)
+        done = arrived + (self.add_s(nbytes) if add else 0.0)
+        self.send_free[src], self.receive_free[dst] = arrived, done
+        self.bytes_sent[src] += nbytes
+        self.messages_sent[src] += 1
+        return done

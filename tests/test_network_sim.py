@@ -1,0 +1,276 @@
+"""The network simulator: each algorithm's bytes exactly, times that behave as the alpha-beta
+model says, crossovers that agree with direct evaluation, and clear errors."""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from course_lib.core.collectives import chunk_bounds  # noqa: E402
+from course_lib.lessons import cost_model, ring_viz  # noqa: E402
+from course_lib.lessons.links import LINKS, Link, get_link, link_from_model  # noqa: E402
+from course_lib.lessons.network_sim import (  # noqa: E402
+    ALGORITHMS,
+    chunk_sizes,
+    crossovers,
+    fastest,
+    plot_algorithms,
+    plot_world_sizes,
+    predict_rows,
+    simulate,
+)
+
+IB = "InfiniBand NDR 400 Gb/s"
+WORLD_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 31, 64, 100, 255, 256, 1000, 1024, 4095, 4096]
+NUMELS = [0, 1, 3, 7, 1000, 1001, 4096, 65537]  # float32 elements
+KIB, GIB = 1 << 10, 1 << 30
+
+
+def sizes_of(numel, world):
+    return [(b - a) * 4 for a, b in chunk_bounds(numel, world)]
+
+
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_ring_bytes_are_every_chunk_but_two(world):
+    """Rank r sends every chunk but r (reduce-scatter) and every chunk but r+1 (all-gather)."""
+    for numel in NUMELS:
+        run = simulate("ring", world, numel * 4, IB)
+        sizes, total = sizes_of(numel, world), numel * 4
+        law = [0] if world == 1 else [2 * total - sizes[r] - sizes[(r + 1) % world]
+                                      for r in range(world)]
+        assert list(run.bytes_sent) == law
+        assert list(run.bytes_sent) == ring_viz.bytes_sent_per_rank(numel, world)
+        if numel % world == 0:  # exactly 2(N-1)/N of the tensor on every rank
+            assert all(b * world == 2 * (world - 1) * total for b in run.bytes_sent)
+        assert run.messages_sent == (2 * (world - 1),) * world
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 7, 10])
+def test_ring_bytes_match_a_walk_through_every_step(world):
+    for numel in (1, 5, 10, 13, 64):
+        walked = [0] * world
+        for step in ring_viz.ring_schedule(world):
+            for rank, chunk in enumerate(step.sends):
+                walked[rank] += sizes_of(numel, world)[chunk]
+        assert list(simulate("ring", world, numel * 4, IB).bytes_sent) == walked
+
+
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_naive_rank0_sends_n_minus_1_tensors_the_others_one(world):
+    for numel in NUMELS:
+        total = numel * 4
+        run = simulate("naive", world, total, IB)
+        assert list(run.bytes_sent) == [(world - 1) * total] + [total] * (world - 1)
+        assert list(run.messages_sent) == [world - 1] + [1] * (world - 1)
+
+
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_recursive_doubling_sends_log2_tensors_plus_fold_and_unfold(world):
+    power = 2 ** int(math.log2(world))
+    rounds = int(math.log2(power))
+    for numel in NUMELS:
+        total = numel * 4
+        # ranks below N - power also send the sum back to an extra rank; extra ranks only fold
+        expected = [rounds + (r < world - power) if r < power else 1 for r in range(world)]
+        run = simulate("recursive_doubling", world, total, IB)
+        assert list(run.messages_sent) == expected
+        assert list(run.bytes_sent) == [m * total for m in expected]
+        if world == power:
+            assert run.bytes_sent == (rounds * total,) * world
+
+
+@pytest.mark.parametrize("world", WORLD_SIZES)
+@pytest.mark.parametrize("pieces", [1, 8])
+def test_tree_sends_one_tensor_up_and_one_per_child(world, pieces):
+    for numel in NUMELS:
+        total = numel * 4
+        children = [sum(c < world for c in (2 * r + 1, 2 * r + 2)) for r in range(world)]
+        copies = [(r > 0) + children[r] for r in range(world)]
+        run = simulate("tree", world, total, IB, tree_pieces=pieces)
+        assert list(run.bytes_sent) == [c * total for c in copies]
+        used = min(pieces, max(numel, 1))  # never more pieces than elements
+        assert list(run.messages_sent) == [c * used for c in copies]
+
+
+def test_chunk_sizes_are_chunk_bounds():
+    for world in (1, 2, 3, 7, 64):
+        for numel in (0, 1, 5, 64, 1001):
+            assert [s * 4 for s in chunk_sizes(numel, world)] == sizes_of(numel, world)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_one_rank_costs_nothing(algorithm):
+    run = simulate(algorithm, 1, 4 * 1000, IB)
+    assert (run.time_s, run.bytes_sent, run.messages_sent, run.steps) == (0.0, (0,), (0,), 0)
+
+
+def test_steps_per_algorithm():
+    assert simulate("naive", 8, 64, IB).steps == 14
+    assert simulate("ring", 8, 64, IB).steps == 14
+    assert simulate("recursive_doubling", 8, 64, IB).steps == 3
+    assert simulate("recursive_doubling", 12, 64, IB).steps == 3 + 2  # fold and unfold
+    assert simulate("tree", 7, 64, IB).steps == 4  # two levels up, two down
+    assert simulate("tree", 7, 64, IB, tree_pieces=4).steps == 4 + 6
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 6, 8, 100])
+def test_times_equal_the_cost_model_where_it_counts_the_same_messages(world):
+    """naive and recursive doubling always; the ring when N divides the tensor."""
+    model = cost_model.AlphaBeta(alpha_s=20e-6, beta_s_per_byte=1e-9)
+    link = link_from_model(model)
+    for numel in (world, 1000 * world, 2**18 * world):
+        for name in cost_model.ALGORITHMS:
+            expected = cost_model.predict_all_reduce_s(model, name, numel * 4, world)
+            assert simulate(name, world, numel * 4, link).time_s == pytest.approx(expected)
+
+
+def test_tree_times_by_hand():
+    """m = one message. N=3: 2 in to rank 0, 2 out. N=7: leaves -> level 1 (2m), level 1 ->
+    rank 0 one after the other (4m), rank 0 -> level 1 (6m), level 1 -> leaves (8m)."""
+    m = get_link(IB).message_s(4096)
+    assert simulate("tree", 2, 4096, IB).time_s == pytest.approx(2 * m)
+    assert simulate("tree", 3, 4096, IB).time_s == pytest.approx(4 * m)
+    assert simulate("tree", 7, 4096, IB).time_s == pytest.approx(8 * m)
+
+
+def test_each_ring_step_lasts_as_long_as_its_largest_chunk():
+    """5 elements on 4 ranks: chunks of 2, 1, 1, 1 elements; every step sends all four."""
+    slow = Link("slow", 1e3, 0.0)  # 1 kB/s and no latency: the time is the bytes
+    assert simulate("ring", 4, 5 * 4, slow).time_s == pytest.approx(6 * 8 / 1e3)
+    added = simulate("ring", 4, 5 * 4, slow, reduce_bytes_per_s=2e3).time_s
+    assert added == pytest.approx(6 * 8 / 1e3 + 3 * 8 / 2e3)  # adds in reduce-scatter only
+
+
+def test_pipelining_the_tree_pays_for_big_tensors():
+    whole = simulate("tree", 1024, 64 * 2**20, IB).time_s
+    piped = simulate("tree", 1024, 64 * 2**20, IB, tree_pieces=16).time_s
+    assert piped < whole / 2
+
+
+def test_additions_cost_time_on_the_receiver():
+    link, size, rate = get_link(IB), 4 * 2**20, 10e9
+    run = simulate("naive", 5, size, link, reduce_bytes_per_s=rate)
+    assert run.time_s == pytest.approx(4 * (link.message_s(size) + size / rate)
+                                       + 4 * link.message_s(size))
+    assert run.time_s > simulate("naive", 5, size, link).time_s
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("world", [2, 7, 64, 1000])
+def test_time_grows_with_size(algorithm, world):
+    sizes = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
+    times = [simulate(algorithm, world, s, IB).time_s for s in sizes]
+    assert all(a <= b for a, b in zip(times, times[1:], strict=False))
+    assert times[-1] > 2 * times[0]  # and the bytes do show
+
+
+@pytest.mark.parametrize("world", [8, 64, 256])
+def test_ring_time_approaches_its_bandwidth_bound(world):
+    link = get_link(IB)
+    bound = 2 * (world - 1) / world * GIB / link.bandwidth_bytes_per_s
+    time_s = simulate("ring", world, GIB, link).time_s
+    assert bound < time_s < 1.01 * bound
+
+
+def test_ring_time_for_tiny_tensors_is_2_n_minus_1_latencies():
+    link = get_link(IB)
+    times = [simulate("ring", n, 4, link).time_s for n in (8, 64, 512, 4096)]
+    assert times == sorted(times) and len(set(times)) == 4
+    for n, t in zip((8, 64, 512, 4096), times, strict=True):
+        assert t == pytest.approx(2 * (n - 1) * link.latency_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("world", [64, 1024, 4096])
+def test_recursive_doubling_wins_small_and_ring_wins_large_on_infiniband(world):
+    assert fastest(IB, world, KIB) == "recursive_doubling"
+    assert fastest(IB, world, GIB) == "ring"
+
+
+@pytest.mark.parametrize("world, pieces", [(64, 1), (1024, 1), (1024, 8), (100, 8)])
+def test_crossovers_agree_with_direct_evaluation(world, pieces):
+    ranges = crossovers(IB, world, tree_pieces=pieces)
+    assert ranges[0].low_bytes == KIB and ranges[-1].high_bytes == GIB
+    assert len(ranges) >= 2
+    for before, after in zip(ranges, ranges[1:], strict=False):
+        assert after.low_bytes == before.high_bytes + 4  # no gap: one float32 apart
+        assert before.algorithm != after.algorithm
+        assert fastest(IB, world, before.high_bytes, tree_pieces=pieces) == before.algorithm
+        assert fastest(IB, world, after.low_bytes, tree_pieces=pieces) == after.algorithm
+    for r in ranges:  # and inside each range, its algorithm wins
+        middle = 4 * round(math.sqrt(r.low_bytes * r.high_bytes) / 4)
+        assert fastest(IB, world, middle, tree_pieces=pieces) == r.algorithm
+
+
+def test_a_pipelined_tree_wins_between_recursive_doubling_and_the_ring():
+    names = [r.algorithm for r in crossovers(IB, 1024, tree_pieces=8)]
+    assert names == ["recursive_doubling", "tree", "ring"]
+
+
+def test_4096_ranks_complete():
+    for name in ALGORITHMS:
+        run = simulate(name, 4096, 4 * (2**24 + 5), IB)  # 64 MiB and a bit: uneven chunks
+        assert len(run.bytes_sent) == len(run.messages_sent) == 4096
+        assert run.time_s > 0
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: simulate("ring", 0, 64, IB), "world_size"),
+    (lambda: simulate("ring", -3, 64, IB), "world_size"),
+    (lambda: simulate("ring", 2.0, 64, IB), "world_size"),
+    (lambda: simulate("ring", True, 64, IB), "world_size"),
+    (lambda: simulate("ring", 4, -4, IB), "nbytes"),
+    (lambda: simulate("ring", 4, 6, IB), "multiple of element_size"),
+    (lambda: simulate("ring", 4, 64, IB, element_size=0), "element_size"),
+    (lambda: simulate("butterfly", 4, 64, IB), "pass one of"),
+    (lambda: simulate("ring", 4, 64, "Ethernet 10G"), "pass a Link or one of"),
+    (lambda: simulate("tree", 4, 64, IB, tree_pieces=0), "tree_pieces"),
+    (lambda: simulate("naive", 4, 64, IB, reduce_bytes_per_s=0), "reduce_bytes_per_s"),
+    (lambda: crossovers(IB, 8, low_bytes=GIB, high_bytes=KIB), "low_bytes <= high_bytes"),
+    (lambda: link_from_model(cost_model.AlphaBeta(1e-6, 0.0)), "beta_s_per_byte > 0"),
+])
+def test_bad_input_says_what_to_pass(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_link_table():
+    assert get_link("InfiniBand NDR 400 Gb/s").bandwidth_bytes_per_s == 50e9
+    assert get_link("InfiniBand HDR 200 Gb/s").bandwidth_bytes_per_s == 25e9
+    assert get_link("NVLink 4 (H100)").bandwidth_bytes_per_s == 450e9
+    assert get_link("PCIe 4.0 x16").bandwidth_bytes_per_s == pytest.approx(31.5e9, rel=1e-3)
+    assert get_link("PCIe 5.0 x16").bandwidth_bytes_per_s == pytest.approx(63.0e9, rel=1e-3)
+    assert all(link.latency_s > 0 and link.name == name for name, link in LINKS.items())
+    mine = Link("mine", 1e9, 1e-5)
+    assert get_link(mine) is mine and simulate("ring", 2, 8, mine).link == "mine"
+
+
+def test_predictions_come_as_measured_rows():
+    model = cost_model.AlphaBeta(alpha_s=50e-6, beta_s_per_byte=1 / 2e9)
+    sizes = [4096, 65536, 1048576, 4194303]  # the last is rounded down as the benchmark does
+    rows = predict_rows(model, sizes)
+    assert sorted(rows) == [2, 4]
+    for world, mine in rows.items():
+        assert len(mine) == 3 * len(sizes)
+        for row in mine:
+            assert set(row) == {"algorithm", "bytes", "median_s"}
+            assert row["bytes"] % 4 == 0 and row["bytes"] in {4096, 65536, 1048576, 4194300}
+            expected = cost_model.predict_all_reduce_s(model, row["algorithm"], row["bytes"],
+                                                       world)
+            assert row["median_s"] == pytest.approx(expected)
+    fig = cost_model.plot_benchmark(rows, model, algorithms=("naive", "ring"))
+    plt.close(fig)
+
+
+def test_plots_return_figures_with_a_line_per_algorithm():
+    fig = plot_algorithms(IB, 256, points=13)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert len(ax.get_lines()) == len(ALGORITHMS) + len(crossovers(IB, 256, points=13)) - 1
+    plt.close(fig)
+    fig = plot_world_sizes(IB, 2**20, world_sizes=(2, 8, 64))
+    assert len(fig.axes[0].get_lines()) == len(ALGORITHMS)
+    plt.close(fig)
