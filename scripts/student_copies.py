@@ -71,10 +71,14 @@ class Block:
 
 @dataclass
 class StudentCopy:
+    """The copy and what was changed; cell numbers are the notebook's (the copy has the note
+    inserted at index 1)."""
+
     notebook: nbformat.NotebookNode
     blocks: list[Block]
-    checks: dict[str, int]  # exercise id -> number of checker calls for it
+    checks: dict[str, int]  # exercise id -> number of cells that call its checker
     cleared: set[int] = field(default_factory=set)  # cells whose outputs are cleared
+    checker_cells: dict[str, set[int]] = field(default_factory=dict)  # exercise id -> cells
 
 
 def find_blocks(lines: list[str], cell: int, where: str) -> list[Block]:
@@ -210,4 +214,4 @@ def make_student_copy(nb, name: str = "notebook", check_dir: Path | None = None)
         if nb.nbformat_minor < 5:  # cell ids came with format 4.5
             del note["id"]
         nb.cells.insert(1, note)
-    return StudentCopy(nb, blocks, {k: len(v) for k, v in checks.items()}, clear)
+    return StudentCopy(nb, blocks, {k: len(v) for k, v in checks.items()}, clear, checks)
