@@ -60,6 +60,9 @@ def test_an_unusable_return_value_is_reported_not_crashed_on():
     lines = report_of(nb03.uneven_weights, lambda sizes: None)
     assert "could not use what your code returned" in " ".join(lines)
     assert "ends without `return` gives None" in " ".join(lines)
+    lines = report_of(nb03.uneven_weights, lambda sizes: [[n] for n in sizes])
+    assert "(TypeError: float() argument must be" in " ".join(lines)
+    assert "check the kind of value it returns" in " ".join(lines)
 
 
 def test_a_name_missing_in_the_learners_code_says_run_from_the_top():
@@ -99,6 +102,20 @@ def test_right_and_open_answers_print_one_line_and_return_none(capsys):
 
     assert nb03.uneven_weights(still_open) is None
     assert capsys.readouterr().out == core.not_done_line("3.3") + "\n"
+
+
+def test_a_learners_file_still_open_in_a_run_is_not_done_yet(monkeypatch, capsys):
+    monkeypatch.setitem(SECOND_HINTS, "99.3", None)  # removed again after the test
+
+    @exercise("99.3")
+    def ring_file(output):
+        core.raise_if_not_done(output)
+        core.expect("sum = 6" in output, "rank 0 should print the sum")
+
+    ring_file("[rank 1] NotImplementedError: Exercise 99.3: replace this line with your code")
+    assert capsys.readouterr().out == core.not_done_line("99.3") + "\n"
+    ring_file("[rank 0] sum = 6")
+    assert capsys.readouterr().out == "Exercise 99.3: correct.\n"
 
 
 def test_expect_type():

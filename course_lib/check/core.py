@@ -98,9 +98,11 @@ def as_exercise_error(error: Exception, exercise_id: str) -> ExerciseError:
     if report.learner_frames(error.__traceback__):
         reported = LearnerCodeError(error)
     else:  # raised in the checker's code, on something the learner's code returned
+        advice = ("a function that ends without `return` gives None" if "NoneType" in
+                  str(error) else "check the kind of value it returns (a whole number or a "
+                  "float, a list or a tensor, ...)")
         reported = ExerciseError(f"the checker could not use what your code returned "
-                                 f"({report.error_line(error)}). Check what your function "
-                                 "returns: a function that ends without `return` gives None")
+                                 f"({report.error_line(error)}): {advice}")
     reported.exercise_id = exercise_id
     return reported
 

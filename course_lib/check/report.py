@@ -62,8 +62,8 @@ def _ipython():
 
 def place(frame: traceback.FrameSummary) -> str:
     """``Cell In[5], line 3, in my_weights`` (a notebook cell) or ``ring.py, line 3, in main``."""
-    shell = _ipython()
-    named = shell.compile.format_code_name(frame.filename) if shell is not None else None
+    format_code_name = getattr(getattr(_ipython(), "compile", None), "format_code_name", None)
+    named = format_code_name(frame.filename) if format_code_name else None
     name = " ".join(named) if named else Path(frame.filename).name
     where = "" if frame.name == "<module>" else f", in {frame.name}"
     return f"{name}, line {frame.lineno}{where}"
