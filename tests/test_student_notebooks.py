@@ -121,7 +121,8 @@ def run_exercises(nb, folder: Path) -> dict:
 
 
 def check_run(source: Path, tmp_path: Path, mode: str) -> None:
-    student, _, made = student_copy(source, tmp_path)
+    made = student_copies.make_student_copy(nbformat.read(source, as_version=4), str(source))
+    student = made.notebook  # the copy the command line writes: test_copy_changes_only_...
     nb = fill_in(student, made, markers=False) if mode == "answered" else without_note(student)
     cells = run_exercises(nb, tmp_path)
     failed = {i: missing_name(f"{e.ename}: {e.evalue}") for i, c in cells.items()
