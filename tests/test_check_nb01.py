@@ -9,7 +9,7 @@ from course_lib.check.nb01 import central_difference, logistic_gradient, per_exa
 
 
 def test_central_difference(capsys):
-    assert central_difference(lambda f, x, eps: (f(x + eps) - f(x - eps)) / (2 * eps))
+    central_difference(lambda f, x, eps: (f(x + eps) - f(x - eps)) / (2 * eps))
     assert capsys.readouterr().out == "Exercise 1.1: correct.\n"
     with pytest.raises(ExerciseError, match="one-sided"):
         central_difference(lambda f, x, eps: (f(x + eps) - f(x)) / eps)
@@ -21,7 +21,7 @@ def test_logistic_gradient(capsys):
     def right(w, x, y):
         return x.T @ (torch.sigmoid(x @ w) - y) / x.shape[0]
 
-    assert logistic_gradient(right)
+    logistic_gradient(right)
     assert "Exercise 1.2: correct." in capsys.readouterr().out
     with pytest.raises(ExerciseError, match="divide by n"):
         logistic_gradient(lambda w, x, y: x.T @ (torch.sigmoid(x @ w) - y))
@@ -56,7 +56,7 @@ def test_per_example(capsys):
         F.cross_entropy(model(x), y).backward()
         return flat(model).repeat(x.shape[0], 1)
 
-    assert per_example(right)
+    per_example(right)
     assert "Exercise 1.3: correct." in capsys.readouterr().out
     with pytest.raises(ExerciseError, match="zero"):
         per_example(forgot_zero_grad)
@@ -70,8 +70,8 @@ def test_not_done_yet(capsys):
     def hole(*args):
         raise NotImplementedError("Exercise 1.1: ...")
 
-    assert central_difference(hole) is False
-    assert logistic_gradient(hole) is False
-    assert per_example(hole) is False
+    central_difference(hole)
+    logistic_gradient(hole)
+    per_example(hole)
     out = capsys.readouterr().out
     assert "Exercise 1.1: not done yet" in out and "Exercise 1.3: not done yet" in out

@@ -16,7 +16,7 @@ def right_bytes(model, name):
 
 
 def test_training_bytes(capsys):
-    assert training_bytes(right_bytes)
+    training_bytes(right_bytes)
     assert capsys.readouterr().out == "Exercise 2.1: correct.\n"
     with pytest.raises(ExerciseError, match="element_size"):  # elements, not bytes
         training_bytes(lambda m, n: (2 + COPIES[n]) * sum(p.numel() for p in m.parameters()))
@@ -38,7 +38,7 @@ def right_steps(budget, fixed, per_example, global_batch):
 
 
 def test_accumulation_plan(capsys):
-    assert accumulation_plan(right_steps)
+    accumulation_plan(right_steps)
     assert capsys.readouterr().out == "Exercise 2.2: correct.\n"
     with pytest.raises(ExerciseError, match="round the number of micro-steps up"):
         accumulation_plan(lambda b, f, e, g: max(1, g // ((b - f) // e)))
@@ -52,6 +52,7 @@ def test_not_done_yet(capsys):
     def hole(*args):
         raise NotImplementedError
 
-    assert training_bytes(hole) is False and accumulation_plan(hole) is False
+    training_bytes(hole)
+    accumulation_plan(hole)
     out = capsys.readouterr().out
     assert "Exercise 2.1: not done yet" in out and "Exercise 2.2: not done yet" in out

@@ -21,7 +21,7 @@ def test_accumulate(capsys):
             model.zero_grad()
             (F.cross_entropy(model(xm), ym) / k).backward()
 
-    assert accumulate(right)
+    accumulate(right)
     assert capsys.readouterr().out == "Exercise 3.1: correct.\n"
     with pytest.raises(ExerciseError, match="times too large"):
         accumulate(no_scale)
@@ -32,7 +32,7 @@ def test_accumulate(capsys):
 
 
 def test_token_normalisation(capsys):
-    assert token_normalisation(lambda loss_sum, micro, total, k: loss_sum / total)
+    token_normalisation(lambda loss_sum, micro, total, k: loss_sum / total)
     assert capsys.readouterr().out == "Exercise 3.2: correct.\n"
     with pytest.raises(ExerciseError, match="mean of micro-batch means"):
         token_normalisation(lambda loss_sum, micro, total, k: loss_sum / micro / k)
@@ -45,7 +45,7 @@ def test_token_normalisation(capsys):
 
 
 def test_uneven_weights(capsys):
-    assert uneven_weights(lambda sizes: [n / sum(sizes) for n in sizes])
+    uneven_weights(lambda sizes: [n / sum(sizes) for n in sizes])
     assert capsys.readouterr().out == "Exercise 3.3: correct.\n"
     with pytest.raises(ExerciseError, match="only when all micro-batches are the same size"):
         uneven_weights(lambda sizes: [1 / len(sizes)] * len(sizes))
@@ -59,5 +59,7 @@ def test_not_done_yet(capsys):
     def hole(*args):
         raise NotImplementedError
 
-    assert not accumulate(hole) and not token_normalisation(hole) and not uneven_weights(hole)
+    accumulate(hole)
+    token_normalisation(hole)
+    uneven_weights(hole)
     assert capsys.readouterr().out.count("not done yet") == 3

@@ -13,7 +13,7 @@ def by_parameter(replica_list):
 
 
 def test_average_gradients(capsys):
-    assert average_gradients(replicas.average_gradients)
+    average_gradients(replicas.average_gradients)
     assert capsys.readouterr().out == "Exercise 4.1: correct.\n"
 
     def summed(replica_list):
@@ -45,7 +45,7 @@ def test_average_gradients(capsys):
 
 
 def test_shard(capsys):
-    assert shard(replicas.shard)
+    shard(replicas.shard)
     assert "Exercise 4.2: correct." in capsys.readouterr().out
     with pytest.raises(ExerciseError, match="interleaves"):
         shard(lambda x, rank, world: x[rank::world])
@@ -56,7 +56,7 @@ def test_shard(capsys):
 
 
 def test_warmup(capsys):
-    assert warmup(replicas.warmup_lr)
+    warmup(replicas.warmup_lr)
     assert "Exercise 4.3: correct." in capsys.readouterr().out
     with pytest.raises(ExerciseError, match="wasted step"):
         warmup(lambda step, peak, warm: peak * min(1.0, step / warm))
@@ -70,6 +70,8 @@ def test_not_done_yet(capsys):
     def hole(*args):
         raise NotImplementedError
 
-    assert not average_gradients(hole) and not shard(hole) and not warmup(hole)
+    average_gradients(hole)
+    shard(hole)
+    warmup(hole)
     out = capsys.readouterr().out
     assert out.count("not done yet") == 3

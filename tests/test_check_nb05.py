@@ -12,7 +12,7 @@ def reference_reduce_scatter(before):
 
 
 def test_reduce_scatter_reference(capsys):
-    assert reduce_scatter_by_hand(reference_reduce_scatter) is True
+    reduce_scatter_by_hand(reference_reduce_scatter)
     assert capsys.readouterr().out == "Exercise 5.1: correct.\n"
 
 
@@ -37,7 +37,7 @@ def test_reduce_scatter_not_done(capsys):
     def hole(before):
         raise NotImplementedError("Exercise 5.1")
 
-    assert reduce_scatter_by_hand(hole) is False
+    reduce_scatter_by_hand(hole)
     assert "Exercise 5.1: not done yet" in capsys.readouterr().out
 
 
@@ -47,7 +47,7 @@ def reference_fit(n1, t1, n2, t2):
 
 
 def test_two_point_fit_reference(capsys):
-    assert two_point_fit(reference_fit) is True
+    two_point_fit(reference_fit)
     assert capsys.readouterr().out == "Exercise 5.2: correct.\n"
 
 

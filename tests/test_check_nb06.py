@@ -47,7 +47,7 @@ def no_return(chunks, step):
 
 
 def test_reduce_scatter_step_reference(capsys):
-    assert reduce_scatter_step(reference_step) is True
+    reduce_scatter_step(reference_step)
     assert capsys.readouterr().out == "Exercise 6.1: correct.\n"
 
 
@@ -71,7 +71,7 @@ def reference_bytes(numel, world_size, element_size):
 
 
 def test_ring_bytes_reference(capsys):
-    assert ring_bytes(reference_bytes) is True
+    ring_bytes(reference_bytes)
     assert capsys.readouterr().out == "Exercise 6.2: correct.\n"
 
 
@@ -91,7 +91,7 @@ def test_not_done(capsys):
     def hole(*args):
         raise NotImplementedError("Exercise 6.x")
 
-    assert reduce_scatter_step(hole) is False
-    assert ring_bytes(hole) is False
+    reduce_scatter_step(hole)
+    ring_bytes(hole)
     out = capsys.readouterr().out
     assert "Exercise 6.1: not done yet" in out and "Exercise 6.2: not done yet" in out

@@ -13,8 +13,8 @@ def reference_rows(global_size, rank, k, world_size, accum_steps):
 
 
 def test_shard_reference(capsys):
-    assert shard_rows(reference_rows) is True
-    assert shard_rows(lambda *a: range(reference_rows(*a).start, reference_rows(*a).stop))
+    shard_rows(reference_rows)
+    shard_rows(lambda *a: range(reference_rows(*a).start, reference_rows(*a).stop))
     assert capsys.readouterr().out == "Exercise 7.1: correct.\nExercise 7.1: correct.\n"
 
 
@@ -40,7 +40,7 @@ def test_shard_wrong_answers(wrong, hint):
 
 
 def test_scale_reference(capsys):
-    assert scale_loss(lambda s, local, total, n: s * n / total) is True
+    scale_loss(lambda s, local, total, n: s * n / total)
     assert capsys.readouterr().out == "Exercise 7.2: correct.\n"
 
 
@@ -59,6 +59,7 @@ def test_not_done(capsys):
     def hole(*args):
         raise NotImplementedError("Exercise 7.x")
 
-    assert shard_rows(hole) is False and scale_loss(hole) is False
+    shard_rows(hole)
+    scale_loss(hole)
     out = capsys.readouterr().out
     assert "Exercise 7.1: not done yet" in out and "Exercise 7.2: not done yet" in out

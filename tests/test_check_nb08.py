@@ -51,7 +51,7 @@ def plan_overfills(sizes, cap):
 
 
 def test_buckets_reference(capsys):
-    assert buckets_by_hand(plan_reference) is True
+    buckets_by_hand(plan_reference)
     assert capsys.readouterr().out == "Exercise 8.1: correct.\n"
 
 
@@ -71,7 +71,7 @@ def test_buckets_not_done(capsys):
     def hole(sizes, cap):
         raise NotImplementedError("Exercise 8.1")
 
-    assert buckets_by_hand(hole) is False
+    buckets_by_hand(hole)
     assert "Exercise 8.1: not done yet" in capsys.readouterr().out
 
 
@@ -97,7 +97,7 @@ def exposed_double_counts(events):
 
 
 def test_exposed_reference(capsys):
-    assert exposed_communication(exposed_reference) is True
+    exposed_communication(exposed_reference)
     assert capsys.readouterr().out == "Exercise 8.2: correct.\n"
 
 

@@ -36,7 +36,7 @@ def indices_in_blocks(size, world_size, rank, epoch, seed):
 
 
 def test_sampler_reference(capsys):
-    assert sampler_by_hand(indices_reference) is True
+    sampler_by_hand(indices_reference)
     assert capsys.readouterr().out == "Exercise 9.1: correct.\n"
 
 
@@ -72,7 +72,7 @@ def save_swallowing_errors(obj, path):
 
 
 def test_atomic_save_reference(capsys):
-    assert atomic_save(save_reference) is True
+    atomic_save(save_reference)
     assert capsys.readouterr().out == "Exercise 9.2: correct.\n"
     assert torch.save.__name__ == "save"  # the checker put torch.save back
 
@@ -93,5 +93,5 @@ def test_atomic_save_not_done(capsys):
     def hole(obj, path):
         raise NotImplementedError("Exercise 9.2")
 
-    assert atomic_save(hole) is False
+    atomic_save(hole)
     assert "Exercise 9.2: not done yet" in capsys.readouterr().out

@@ -27,7 +27,7 @@ def owned_rest_on_last(numel, world_size, rank):
 
 
 def test_owned_reference(capsys):
-    assert owned_range(owned_reference) is True
+    owned_range(owned_reference)
     assert capsys.readouterr().out == "Exercise 10.1: correct.\n"
 
 
@@ -61,7 +61,7 @@ def bytes_shards_everything(num_params, world_size, stage):
 
 
 def test_bytes_reference(capsys):
-    assert bytes_per_rank(bytes_reference) is True
+    bytes_per_rank(bytes_reference)
     assert capsys.readouterr().out == "Exercise 10.2: correct.\n"
 
 
@@ -76,7 +76,7 @@ def test_bytes_wrong_answers(wrong, hint):
 
 
 def test_global_norm_reference(capsys):
-    assert global_norm(lambda shards: math.sqrt(sum(float(s.norm()) ** 2 for s in shards)))
+    global_norm(lambda shards: math.sqrt(sum(float(s.norm()) ** 2 for s in shards)))
     assert capsys.readouterr().out == "Exercise 10.3: correct.\n"
 
 

@@ -16,7 +16,7 @@ def not_done(*args):
 
 
 def test_largest_micro_batch(capsys):
-    assert largest_micro_batch(capstone.largest_micro_batch) is True
+    largest_micro_batch(capstone.largest_micro_batch)
     assert capsys.readouterr().out == "Exercise 11.1: correct.\n"
 
     def any_size(memory_of, budget, examples):  # forgets that micro-batches must be equal
@@ -33,12 +33,12 @@ def test_largest_micro_batch(capsys):
                         (at_least_one, "return 0")]:
         with pytest.raises(ExerciseError, match=hint):
             largest_micro_batch(wrong)
-    assert largest_micro_batch(not_done) is False
+    largest_micro_batch(not_done)
     assert "Exercise 11.1: not done yet" in capsys.readouterr().out
 
 
 def test_fewest_micro_steps(capsys):
-    assert fewest_micro_steps(capstone.fewest_micro_steps) is True
+    fewest_micro_steps(capstone.fewest_micro_steps)
     assert capsys.readouterr().out == "Exercise 11.2: correct.\n"
 
     def one_process(memory_of, budget, size, max_nproc):
@@ -61,7 +61,8 @@ def test_fewest_micro_steps(capsys):
                         "on a tie take fewer processes"), (uneven_share, "must equal")]:
         with pytest.raises(ExerciseError, match=hint):
             fewest_micro_steps(wrong)
-    assert fewest_micro_steps(not_done) is False
+    fewest_micro_steps(not_done)
+    assert "Exercise 11.2: not done yet" in capsys.readouterr().out
 
 
 def refuse_to_train(split, challenge):
@@ -89,9 +90,10 @@ def test_capstone_refuses_bad_splits_before_training(choice, hint):
         capstone_run(lambda: choice, runner=refuse_to_train)
 
 
-def test_capstone_judges_the_finished_run():
+def test_capstone_judges_the_finished_run(capsys):
     good = [2.0] * 90 + [1.6] * 10
-    assert capstone_run(lambda: (2, 2, 8), runner=fake_run(good)) is True
+    capstone_run(lambda: (2, 2, 8), runner=fake_run(good))
+    assert capsys.readouterr().out.endswith("Exercise 11.3: correct.\n")
     with pytest.raises(ExerciseError, match="not below the target 1.75"):
         capstone_run(lambda: (2, 2, 8), runner=fake_run([2.0] * 100))
     with pytest.raises(ExerciseError, match="drifted apart"):
@@ -103,13 +105,16 @@ def test_capstone_judges_the_finished_run():
         raise LaunchError("rank 1 failed (exit code 1) in course_lib.train; ...\nmore")
     with pytest.raises(ExerciseError, match="the run failed: rank 1 failed"):
         capstone_run(lambda: (2, 2, 8), runner=crashed)
-    assert capstone_run(not_done, runner=refuse_to_train) is False
+    capstone_run(not_done, runner=refuse_to_train)
+    assert capsys.readouterr().out.endswith("Exercise 11.3: not done yet (replace the line "
+                                            "that raises NotImplementedError with your code, "
+                                            "then run the cell again).\n")
 
 
 @pytest.mark.slow
 def test_capstone_reference_answer_trains_for_real(capsys):
     """The notebook's answer, through the real training entry point on 2 processes."""
-    assert capstone_run(lambda: Split(2, 2, 8)) is True
+    capstone_run(lambda: Split(2, 2, 8))
     out = capsys.readouterr().out
     assert "global batch 32 = 2 x 2 x 8" in out and out.endswith("Exercise 11.3: correct.\n")
     final = float(re.search(r"final loss (\d+\.\d+)", out).group(1))

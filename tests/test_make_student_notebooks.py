@@ -1,6 +1,6 @@
-"""scripts/make_student_notebooks.py on small synthetic notebooks: holes, ids, errors, keeping."""
+"""scripts/make_student_notebooks.py on small synthetic notebooks: marked lines, ids, errors,
+%%writefile cells, keeping the learner's copies."""
 
-import importlib.util
 import json
 import os
 import sys
@@ -10,11 +10,9 @@ import nbformat
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    "make_student_notebooks", os.path.join(ROOT, "scripts", "make_student_notebooks.py"))
-msn = importlib.util.module_from_spec(_spec)
-sys.modules["make_student_notebooks"] = msn  # dataclasses look their module up there
-_spec.loader.exec_module(msn)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))  # the script and the modules beside it
+import make_student_notebooks as msn  # noqa: E402
+from student_copies import marked_line  # noqa: E402
 
 CHECKERS = '''
 from course_lib.check.core import exercise
@@ -66,18 +64,18 @@ def notebook(*cells):
                                            code("x = 1\nprint(x)", ["1\n"]), *cells])
 
 
-def test_a_block_becomes_a_hole_at_its_indentation(check_dir):
+def test_a_block_becomes_one_marked_line_at_its_indentation(check_dir):
     nb = notebook(nbformat.v4.new_markdown_cell("**Exercise 9.1.** Double it."), code(GOOD_CELL))
     made = msn.make_student_copy(nb, "nb99", check_dir)
     cell = made.notebook.cells[-1]
     assert cell.source == textwrap.dedent('''\
         def my_double(x):
             """Twice x."""
-            ...
-            raise NotImplementedError("Exercise 9.1: double")
+            raise NotImplementedError("Exercise 9.1: replace this line with your code")
 
 
         check.nb99.doubled(my_double)''')
+    assert made.cleared == {3}
     assert cell.outputs == [] and cell.execution_count is None  # exercise output cleared
     assert made.notebook.cells[2].outputs[0]["text"] == "1\n"  # other outputs are kept
     assert [b.exercise_id for b in made.blocks] == ["9.1"] and made.checks == {"9.1": 1}
@@ -136,7 +134,7 @@ MALFORMED = {
     "outside its checker": GOOD_CELL + "\nprint(my_double(3))",
     "no checker call receives": GOOD_CELL.replace("check.nb99.doubled(my_double)", "pass"),
     "cannot tell the exercise": GOOD_CELL.replace("doubled", "undecorated"),
-    "with its hole": "def my_double(x):\n    y = (x +\n    # BEGIN SOLUTION\n    x)\n"
+    "with its marked line": "def my_double(x):\n    y = (x +\n    # BEGIN SOLUTION\n    x)\n"
                      "    # END SOLUTION\n    return y\ncheck.nb99.doubled(my_double)",
     "not valid Python": GOOD_CELL.replace("return y", "return y)"),
 }
@@ -150,7 +148,7 @@ def test_malformed_notebooks_fail_loudly(problem, check_dir):
     assert "nb99, cell 2" in str(error.value)  # names the notebook and the cell
 
 
-def test_a_call_guarded_against_the_hole_is_allowed(check_dir):
+def test_a_call_guarded_against_the_open_exercise_is_allowed(check_dir):
     guarded = GOOD_CELL + "\ntry:\n    print(my_double(3))\nexcept NotImplementedError:\n" \
                           "    print('finish exercise 9.1 first')"
     made = msn.make_student_copy(notebook(code(guarded)), "nb99", check_dir)
@@ -181,13 +179,14 @@ def test_copies_keep_edits_until_reset(tmp_path):
     out = tmp_path / "student"
     assert msn.main([str(src), "--out", str(out)]) == 0
     copy = out / "99_test.ipynb"
-    hole = nbformat.read(copy, as_version=4).cells[-1].source
-    assert 'raise NotImplementedError("Exercise 0.1: f")' in hole
+    student = nbformat.read(copy, as_version=4)
+    assert "    " + marked_line("0.1") in student.cells[-1].source.split("\n")
     manifest = json.loads((out / msn.MANIFEST).read_text())
     assert set(manifest) == {"99_test.ipynb"}
 
-    edited = copy.read_text().replace("...", "return 1")
-    copy.write_text(edited)
+    student.cells[-1].source = student.cells[-1].source.replace(marked_line("0.1"), "return 1")
+    nbformat.write(student, copy)  # the learner's answer, saved
+    edited = copy.read_text()
     write_source(tmp_path / "nbs", "99_test.ipynb", [cell, code("print(2)")])  # course update
     messages = msn.write_copies([src], out, reset=False)
     assert copy.read_text() == edited and "newer version" in messages[0]
@@ -209,3 +208,59 @@ def test_one_bad_notebook_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "99_bad.ipynb, cell 2" in err
     assert not (tmp_path / "student").exists()
+
+
+IN_PLACE_CELL = '''\
+def my_fill(t):
+    # BEGIN SOLUTION
+    for i in range(len(t)):
+        t[i] = 2 * i
+    # END SOLUTION
+
+
+check.nb99.doubled(my_fill)'''
+
+
+def answered(source: str, answer: str, check_dir):
+    """The function of the student copy of ``source``, its marked line replaced by ``answer``."""
+    made = msn.make_student_copy(notebook(code(source)), "nb99", check_dir)
+    student = made.notebook.cells[-1].source.replace(marked_line("9.1"), answer)
+    namespace = {}
+    exec(student.split("\ncheck.")[0], namespace)  # the cell without its checker call
+    return namespace[made.blocks[0].function]
+
+
+def test_replacing_the_marked_line_works_for_a_function_that_returns(check_dir):
+    assert answered(GOOD_CELL, "return 2 * x", check_dir)(3) == 6
+
+
+def test_replacing_the_marked_line_works_for_a_function_that_changes_its_argument(check_dir):
+    values = [0, 0, 0]
+    my_fill = answered(IN_PLACE_CELL, "t[:] = [2 * i for i in range(len(t))]", check_dir)
+    assert my_fill(values) is None and values == [0, 2, 4]
+
+
+WRITEFILE_CELL = '''\
+%%writefile workspace/ring.py
+import sys
+
+# BEGIN SOLUTION
+print(2 * int(sys.argv[1]))
+# END SOLUTION'''
+
+
+def test_a_writefile_cell_gets_the_marked_line_and_the_checker_naming_its_file(check_dir):
+    checker = code('check.nb99.halved("workspace/ring.py")')
+    nb = notebook(code(WRITEFILE_CELL), code("print('between')"), checker)
+    made = msn.make_student_copy(nb, "nb99", check_dir)
+    assert made.notebook.cells[3].source == ("%%writefile workspace/ring.py\nimport sys\n\n"
+                                             + marked_line("9.2"))
+    assert made.checks == {"9.2": 1} and made.cleared == {2, 4}
+    assert made.notebook.cells[4].outputs[0]["text"] == "done\n"  # the cell between is kept
+
+
+def test_a_writefile_cell_without_a_checker_naming_its_file_is_refused(check_dir):
+    nb = notebook(code(WRITEFILE_CELL), code('check.nb99.halved("workspace/other.py")'))
+    with pytest.raises(msn.MalformedNotebook, match=r"nb99, cell 2: no checker call names "
+                                                    r"ring\.py"):
+        msn.make_student_copy(nb, "nb99", check_dir)

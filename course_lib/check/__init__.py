@@ -1,10 +1,37 @@
 """Self-checking exercises: one module of checkers per notebook (``check.nb03`` for 03, ...).
 
-A checker prints one fixed line when the answer is right, raises ``ExerciseError`` with a hint
-when it is wrong, and prints a fixed "not done yet" line while the exercise still raises
-``NotImplementedError`` (so student copies run top to bottom).
+In a notebook::
+
+    from course_lib import check
+    import course_lib.check.nb03
+
+    check.nb03.accumulate(my_accumulate)  # prints "Exercise 3.1: correct." or fails with a hint
+    check.hint("3.1")  # a second, stronger hint
+    check.needs(model="section 2")  # stop early, saying where a missing name comes from
+
+A checker prints one fixed line when the answer is right, fails the cell with a short red hint
+when it is wrong (no traceback through the checker), and prints a fixed "not done yet" line
+while the exercise still raises ``NotImplementedError`` (so student copies run top to bottom).
+Importing this package inside IPython also makes a bare ``NameError`` say "run the notebook
+from the top first" (``notebook.py``).
 """
 
-from course_lib.check.core import ExerciseError, exercise, not_done_line, passed_line
+from course_lib.check.answers import call, describe, expect_tensor_with_grad, expect_type
+from course_lib.check.core import (
+    ExerciseError,
+    LearnerCodeError,
+    exercise,
+    expect,
+    not_done_line,
+    passed_line,
+    raise_if_not_done,
+)
+from course_lib.check.hints import hint
+from course_lib.check.notebook import MissingNameError, install_name_error_help, needs
 
-__all__ = ["ExerciseError", "exercise", "not_done_line", "passed_line"]
+install_name_error_help()
+
+__all__ = ["ExerciseError", "LearnerCodeError", "MissingNameError", "call", "describe",
+           "exercise", "expect", "expect_tensor_with_grad", "expect_type", "hint",
+           "install_name_error_help", "needs", "not_done_line", "passed_line",
+           "raise_if_not_done"]

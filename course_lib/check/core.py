@@ -1,13 +1,57 @@
-"""The mechanism every exercise checker shares (see ``course_lib/check/__init__.py``)."""
+"""The mechanism every exercise checker shares (see ``course_lib/check/__init__.py``).
+
+A checker is a function decorated with ``@exercise("N.M")`` that calls the learner's code and
+raises ``ExerciseError`` (through ``expect``) when the answer is wrong. The decorator turns
+what happens into what the learner sees:
+
+- right: it prints ``Exercise N.M: correct.`` and returns None;
+- ``NotImplementedError`` (the open exercise's marked line): it prints the "not done yet" line;
+- ``ExerciseError``: the cell fails and shows the hint in red, a few lines, no checker code;
+- any other error: if the learner's code raised it, the cell shows the learner's line and the
+  error (``LearnerCodeError``); if the checker could not use what the learner's code
+  returned, it says so. Neither shows the checker's code.
+"""
 
 from __future__ import annotations
 
 import functools
 from typing import Callable
 
+from course_lib.check import report
+
+SECOND_HINTS: dict[str, str | None] = {}  # exercise id -> its second hint, for check.hint
+
 
 class ExerciseError(AssertionError):
-    """The answer runs but is wrong; the message says what to look at."""
+    """The answer runs but is wrong; the message is the hint that says what to look at."""
+
+    def __init__(self, hint: str):
+        super().__init__(hint)
+        self.hint = hint
+        self.exercise_id: str | None = None  # set by @exercise
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of a traceback: the hint in red, no checker code."""
+        return report.wrong_answer_lines(self.exercise_id, self.hint,
+                                         has_second_hint(self.exercise_id))
+
+
+class LearnerCodeError(ExerciseError):
+    """The learner's code raised ``error``; shown with the learner's lines only."""
+
+    def __init__(self, error: BaseException, during: str | None = None, hint: str = ""):
+        if isinstance(error, NameError) and not hint:
+            hint = report.RUN_FROM_THE_TOP
+        super().__init__(" ".join(filter(None, [report.error_line(error), hint])))
+        self.hint, self.error, self.during = hint, error, during
+
+    def _render_traceback_(self) -> list[str]:
+        return report.code_error_lines(self.exercise_id, self.error, self.during, self.hint,
+                                       has_second_hint(self.exercise_id))
+
+
+def has_second_hint(exercise_id: str | None) -> bool:
+    return bool(SECOND_HINTS.get(exercise_id or ""))
 
 
 def passed_line(exercise_id: str) -> str:
@@ -15,27 +59,33 @@ def passed_line(exercise_id: str) -> str:
 
 
 def not_done_line(exercise_id: str) -> str:
-    return f"Exercise {exercise_id}: not done yet (replace the ... and run the cell again)."
+    return (f"Exercise {exercise_id}: not done yet (replace the line that raises "
+            "NotImplementedError with your code, then run the cell again).")
 
 
-def exercise(exercise_id: str) -> Callable:
-    """Decorate a checker: print the fixed lines, let a wrong answer raise with its hint.
+def exercise(exercise_id: str, second_hint: str | None = None) -> Callable:
+    """Decorate a checker of exercise ``exercise_id`` ("3.1"); see the module docstring.
 
-    The checker itself raises ``ExerciseError`` for a wrong answer and returns normally for a
-    right one. A ``NotImplementedError`` raised while it calls the learner's code means
-    "not done yet".
+    ``second_hint`` is what ``check.hint("3.1")`` prints: more than the checker's hints (which
+    say what is off without giving the formula), still leaving the code to the learner.
     """
 
     def wrap(checker: Callable) -> Callable:
+        SECOND_HINTS[exercise_id] = second_hint
+
         @functools.wraps(checker)
-        def run(*args, **kwargs) -> bool:
+        def run(*args, **kwargs) -> None:
             try:
                 checker(*args, **kwargs)
             except NotImplementedError:
                 print(not_done_line(exercise_id))
-                return False
+                return
+            except ExerciseError as error:
+                error.exercise_id = error.exercise_id or exercise_id
+                raise
+            except Exception as error:  # noqa: BLE001 - every error becomes a short report
+                raise as_exercise_error(error, exercise_id) from error
             print(passed_line(exercise_id))
-            return True
 
         run.exercise_id = exercise_id
         return run
@@ -43,7 +93,28 @@ def exercise(exercise_id: str) -> Callable:
     return wrap
 
 
+def as_exercise_error(error: Exception, exercise_id: str) -> ExerciseError:
+    """An error that escaped a checker, as the learner should see it."""
+    if report.learner_frames(error.__traceback__):
+        reported = LearnerCodeError(error)
+    else:  # raised in the checker's code, on something the learner's code returned
+        advice = ("a function that ends without `return` gives None" if "NoneType" in
+                  str(error) else "check the kind of value it returns (a whole number or a "
+                  "float, a list or a tensor, ...)")
+        reported = ExerciseError(f"the checker could not use what your code returned "
+                                 f"({report.error_line(error)}): {advice}")
+    reported.exercise_id = exercise_id
+    return reported
+
+
 def expect(condition: bool, hint: str) -> None:
     """Raise ``ExerciseError(hint)`` unless ``condition`` holds."""
     if not condition:
         raise ExerciseError(hint)
+
+
+def raise_if_not_done(output: str) -> None:
+    """For a checker that runs the learner's file in other processes: if the run's ``output``
+    shows the file's open exercise (its marked line raised), report "not done yet"."""
+    if "NotImplementedError" in output:
+        raise NotImplementedError("the exercise's file is still open")
