@@ -108,6 +108,17 @@ def test_a_deadlock_ends_within_30_s_naming_who_waits_on_whom(workspace):
 
 
 @pytest.mark.slow
+def test_a_receive_that_no_rank_sends_to_is_named(workspace):
+    path = workspace.put("token_ring_odd_ranks_never_send", "token_ring.py")
+    start = time.monotonic()
+    with pytest.raises(ExerciseError) as err:
+        nb05.token_ring(path)
+    assert time.monotonic() - start < 30
+    assert ("rank 0 is blocked in recv from rank 1 (line 14): rank 0 receives from rank 1, but "
+            "rank 1 never posted the matching send") in str(err.value)
+
+
+@pytest.mark.slow
 def test_a_learners_exception_shows_the_rank_file_and_line(workspace):
     path = workspace.put("token_ring_last_rank_raises", "token_ring.py")
     with pytest.raises(ExerciseError) as err:

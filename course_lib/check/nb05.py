@@ -71,14 +71,16 @@ TOKEN_RING_ADVICE = {
                  "a recv that is already waiting (this works for odd N too).",
         all_recv="Someone has to send first: let even ranks send first and odd ranks receive "
                  "first.",
-        mismatch="Each send needs a recv on the rank it names: send to (rank + 1) % N, "
-                 "receive from (rank - 1) % N.",
+        mismatch="Every send needs a matching recv on the rank it names, and every recv a "
+                 "matching send: each rank sends to (rank + 1) % N and receives from "
+                 "(rank - 1) % N.",
         size="Receive into a tensor exactly like the token: torch.empty_like(token)."),
     "pass_token_async": Advice(
         all_send="Start both messages, isend and irecv, before waiting on either.",
         all_recv="Start both messages, isend and irecv, before waiting on either.",
-        mismatch="Each isend needs an irecv on the rank it names: send to (rank + 1) % N, "
-                 "receive from (rank - 1) % N.",
+        mismatch="Every isend needs a matching irecv on the rank it names, and every irecv "
+                 "a matching isend: each rank sends to (rank + 1) % N and receives from "
+                 "(rank - 1) % N.",
         size="Receive into a tensor exactly like the token: torch.empty_like(token)."),
 }
 

@@ -49,6 +49,7 @@ def run_cases(cases, specs: list[dict], groups: dict, learner, tracer: Tracer, w
         if w.rank >= size:
             continue  # a case for fewer ranks: the others sit it out
         report["case"] = spec["name"]
+        dist.barrier(group=groups[size])  # no message of one case can meet one of the next
         report["cases"].append(cases.run_case(learner, spec, groups[size], tracer, options))
         save()  # written after every case: a rank that Gloo kills later keeps its results
     report["case"] = None
