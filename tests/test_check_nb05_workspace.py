@@ -27,6 +27,11 @@ def test_the_reference_passes_on_2_3_and_4_processes_and_is_recorded(workspace, 
     assert has_passed(checker.exercise_id, path)
 
 
+def test_a_batch_isend_irecv_answer_passes_too(workspace, capsys):
+    path = workspace.put("token_ring_batch", "token_ring.py")
+    assert nb05.token_ring_async(path, world_sizes=(3,)) is True
+
+
 def test_the_skeleton_is_not_done_yet(workspace, capsys):
     path = workspace.put("token_ring_skeleton", "token_ring.py")
     assert nb05.token_ring(path) is False

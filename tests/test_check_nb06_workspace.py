@@ -25,6 +25,11 @@ def test_the_reference_passes_on_2_3_and_4_processes_and_is_recorded(workspace, 
     assert has_passed("6.3", path)
 
 
+def test_a_ring_whose_ranks_finish_another_chunk_passes_too(workspace):
+    path = workspace.put("my_ring_other_convention", "my_ring.py")
+    assert nb06.my_ring(path, world_sizes=(3, 4)) is True
+
+
 def test_the_skeleton_is_not_done_yet(workspace, capsys):
     path = workspace.put("my_ring_skeleton", "my_ring.py")
     assert nb06.my_ring(path) is False

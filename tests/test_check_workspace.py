@@ -80,6 +80,17 @@ def test_a_syntax_error_is_shown_with_its_line(workspace):
         nb05.token_ring(path)
 
 
+@pytest.mark.slow
+def test_top_level_code_that_fails_on_import_is_explained(workspace):
+    path = workspace.put("token_ring", "token_ring.py")
+    with open(path, "a") as f:  # try-out code without the __main__ guard
+        f.write("dist.init_process_group('gloo')\n")
+    with pytest.raises(ExerciseError) as err:
+        nb05.token_ring(path)
+    assert "ValueError: trying to initialize the default process group twice" in str(err.value)
+    assert "keep code that tries the functions out under `if __name__" in str(err.value)
+
+
 def processes_mentioning(text: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):

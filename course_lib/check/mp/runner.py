@@ -86,11 +86,13 @@ def run_file(cases_module: str, learner: LearnerFile, world_size: int,
     env = {"COURSE_PG_TIMEOUT_S": pg_timeout_s, "COURSE_BACKEND": "gloo"}
     start, launch_error = time.monotonic(), None
     try:
-        launch(PROGRAM, world_size, args, timeout_s=deadline_s, env=env, quiet=True,
-               progress=False)
-    except LaunchError as e:
-        launch_error = str(e)
-    try:
+        try:
+            launch(PROGRAM, world_size, args, timeout_s=deadline_s, env=env, quiet=True,
+                   progress=False)
+        except LaunchError as e:
+            if str(e).startswith("interrupted"):  # the learner stopped the cell
+                raise KeyboardInterrupt from None
+            launch_error = str(e)
         ranks = [read_rank(folder, r) for r in range(world_size)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -52,6 +52,9 @@ def learner_error_message(run: Run, learner: LearnerFile, explain=None) -> str |
     inside = f" in {e['function']}" if e["function"] and e["function"] != "<module>" else ""
     source = f"\n    {e['source']}" if e["source"] else ""
     extra = (explain(e, _text(learner.path)) or "") if explain else ""
+    if not e.get("case") and not extra:  # raised while the file was imported
+        extra = ("The checker imports the file, which runs its top-level code: keep code that "
+                 "tries the functions out under `if __name__ == \"__main__\":`.")
     return (f"rank {raised[0].rank}{also}{at}{inside}:{source}\n{e['type']}: {e['message']}\n"
             f"{where(run, e.get('case'))}" + (f"\n{extra}" if extra else ""))
 
