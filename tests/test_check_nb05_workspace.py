@@ -58,6 +58,14 @@ def test_one_process_must_return_a_copy(workspace):
     assert "when dist.get_world_size(group) is 1, return token.clone()" in hint
 
 
+def test_a_peer_outside_the_group_given_is_refused_at_once(workspace):
+    hint = hint_for(nb05.token_ring, workspace, "token_ring_ignores_group")
+    assert hint.startswith("rank 0, workspace/token_ring.py line 13 in pass_token:\n"
+                           "    dist.send(token, dst=(rank + 1) % n)\n"
+                           "PeerOutsideGroup: rank 0 called send to rank 1, which is not in "
+                           "the group passed to the function (ranks [0])"), hint
+
+
 def test_a_receive_buffer_of_the_wrong_dtype_is_ended_by_gloo_and_explained(workspace):
     hint = hint_for(nb05.token_ring, workspace, "token_ring_float_buffer")
     assert "was ended by Gloo in recv from rank" in hint

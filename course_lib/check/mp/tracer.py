@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import importlib
 import inspect
 import linecache
 import os
@@ -164,7 +165,7 @@ class Tracer:
         for name in COLLECTIVES:
             if hasattr(dist, name):
                 setattr(dist, name, _Wrapped(getattr(dist, name), self._noted("collectives")))
-        library = sys.modules.get(LIBRARY_MODULE) or __import__(LIBRARY_MODULE, fromlist=["x"])
+        library = importlib.import_module(LIBRARY_MODULE)
         for name in LIBRARY:
             setattr(library, name, _Wrapped(getattr(library, name), self._noted("library")))
         threading.Thread(target=self._watch_where, name="where", daemon=True).start()
@@ -195,7 +196,7 @@ class Tracer:
         way = "to" if "send" in name else "from"
         raise PeerOutsideGroup(
             f"rank {self.rank} called {name} {way} rank {peer}, which is not in the group "
-            f"this call was given (ranks {list(self.members)}): take the rank and the size "
+            f"passed to the function (ranks {list(self.members)}): take the rank and the size "
             "from that group, dist.get_rank(group) and dist.get_world_size(group)")
 
     def _count(self, name: str, tensor) -> None:

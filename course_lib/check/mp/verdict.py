@@ -138,7 +138,8 @@ def killed_message(run: Run, learner: LearnerFile, advice: Advice) -> str | None
     if victim is None or not (found or "SIGABRT" in text):
         return None
     what = _blocked_on(victim.status)
-    during = f" in {what[0]} from rank {what[1]}" if what else ""
+    way = "to" if what and what[0] in SENDING else "from"
+    during = f" in {what[0]} {way} rank {what[1]}" if what else ""
     line = f" (line {victim.status['line']})" if victim.status.get("line") else ""
     why = (f"a {found.group(1)}-byte message arrived for a {found.group(2)}-byte receive buffer"
            if found else "Gloo aborts a process that gets a message bigger than the buffer "
