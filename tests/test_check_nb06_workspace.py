@@ -39,7 +39,7 @@ def test_the_skeleton_is_not_done_yet(workspace, capsys):
 @pytest.mark.parametrize("answer, words", [
     ("my_ring_mean", "the sum divided by N, the mean"),
     ("my_ring_scatter_only", "the reduce-scatter is done, but not the all-gather"),
-    ("my_ring_overwrite", "add the incoming chunk to your copy (+=) instead of replacing it"),
+    ("my_ring_overwrite", "the reduce-scatter replaces its chunk with the incoming one (add it"),
     ("my_ring_all_reduce", "ring_all_reduce calls dist.all_reduce"),
     ("my_ring_library", "calls the library's ring_all_reduce: the point is to write the ring"),
 ])

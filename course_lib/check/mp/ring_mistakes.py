@@ -80,8 +80,10 @@ def name_mistake(inputs: list[torch.Tensor], got: list[torch.Tensor]) -> tuple |
 
     ``inputs`` and ``got``: every rank's flat tensor, as float64.
     """
-    n = len(inputs)
-    if n > 1 and all(torch.allclose(g * n, sum(inputs)) for g in got):
+    n, total = len(inputs), sum(inputs)
+    if all(torch.equal(g, total) for g in got):
+        return None  # no mistake: every rank holds the sum
+    if n > 1 and all(torch.allclose(g * n, total) for g in got):
         return ("mean",)
     for a in range(n):
         if _same(got, simulate(inputs, _right(a), gather=False)):
@@ -107,10 +109,11 @@ def mistake_hint(mistake: tuple, n: int) -> str:
         return ("each rank holds the full sum in one chunk only: the reduce-scatter is done, "
                 "but not the all-gather, which passes every finished chunk once round the ring "
                 "so that each rank ends with all of them")
-    if kind == "overwrite":
-        return ("each chunk of the result is one rank's own numbers, not a sum: in the "
-                "reduce-scatter, add the incoming chunk to your copy (+=) instead of "
-                "replacing it")
+    if kind == "overwrite":  # an all-gather one chunk late gives the very same numbers
+        return ("each chunk of the result is one rank's own numbers, not a sum. Either the "
+                "reduce-scatter replaces its chunk with the incoming one (add it: +=), or the "
+                "all-gather starts one chunk late, from a chunk the reduce-scatter never added "
+                "to (all-gather step s sends chunk (r - s) % N, the one rank r finished)")
     send, recv, ag_send, ag_recv = mistake[1]
     if kind == "rs_pair":
         return (f"in the reduce-scatter, rank r sends chunk {formula(send, n)} but adds what "
