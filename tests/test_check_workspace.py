@@ -11,6 +11,7 @@ import pytest
 
 from course_lib.check import nb05
 from course_lib.check.core import ExerciseError
+from course_lib.lessons.notebook_setup import setup_notebook
 from course_lib.runtime.workspace import has_passed, mine_or_library, record_pass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,6 +19,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def library_function(tensor, group=None):
     return tensor
+
+
+def test_the_notebook_setup_makes_the_folder_that_writefile_cells_write_into(workspace):
+    assert not os.path.isdir("workspace")
+    setup_notebook(seed=0)
+    assert os.path.isdir(os.path.join(workspace.root, "workspace"))
 
 
 def test_a_pass_holds_only_for_the_file_that_passed(workspace):
