@@ -1,5 +1,8 @@
 """Fixtures shared by the unit tests."""
 
+import os
+import shutil
+
 import pytest
 import torch.distributed as dist
 
@@ -13,3 +16,27 @@ def one_process_group(tmp_path):
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+
+
+ANSWERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workspace_answers")
+
+
+class Workspace:
+    """A learner's workspace/ folder in a temporary working directory."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def put(self, answer: str, as_name: str) -> str:
+        """Copy tests/workspace_answers/ANSWER.py to workspace/AS_NAME.py; return that path."""
+        os.makedirs(self.root / "workspace", exist_ok=True)
+        shutil.copy(os.path.join(ANSWERS, f"{answer}.py"), self.root / "workspace" / as_name)
+        return f"workspace/{as_name}"
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """Work in ``tmp_path`` as a notebook works in its folder: ``workspace/`` lives there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COURSE_WORKSPACE", raising=False)
+    return Workspace(tmp_path)

@@ -5,8 +5,13 @@ from __future__ import annotations
 import torch
 
 from course_lib.check.core import exercise, expect
+from course_lib.check.mp import ring_cases, ring_mistakes
+from course_lib.check.mp.harness import WORLD_SIZES, check_file
+from course_lib.check.mp.learner import find_learner_file
+from course_lib.check.mp.verdict import Advice
 from course_lib.core.collectives import chunk_bounds
 from course_lib.lessons import ring_viz
+from course_lib.runtime.workspace import record_pass
 
 RS_HINT = ("in reduce-scatter step s, rank r sends chunk (r - s - 1) mod N to rank (r + 1) mod N, "
            "which adds it to its own copy of that chunk")
@@ -90,3 +95,112 @@ def ring_bytes(count_fn) -> None:
                             "chunk but chunk r in reduce-scatter and every chunk but chunk "
                             "r + 1 in all-gather; use chunk_bounds for the real chunk sizes "
                             "(they differ when N does not divide numel)")
+
+
+# ---- the ring all-reduce: the learner's own file, launched on 2, 3 and 4 processes --------
+
+MY_RING_FILE = "workspace/my_ring.py"
+RING_CASES = "course_lib.check.mp.ring_cases"
+RING_STEPS = ("in reduce-scatter step s, rank r sends chunk (r - s - 1) % N to rank (r + 1) % N "
+              "and adds the chunk it receives into chunk (r - s - 2) % N; in all-gather step "
+              "s it sends chunk (r - s) % N and receives chunk (r - s - 1) % N")
+RING_ADVICE = Advice(
+    all_send="Start each step's receive and send together with dist.irecv and dist.isend, "
+             "then wait on both.",
+    all_recv="Start each step's receive and send together with dist.irecv and dist.isend, "
+             "then wait on both.",
+    mismatch=f"Both ends of each message must agree: {RING_STEPS}.",
+    size="Sender and receiver must agree on the chunk of each step, cut the same way on every "
+         f"rank (torch.tensor_split(flat, N)): {RING_STEPS}.")
+
+
+def explain_ring_error(error: dict, text: str) -> str:
+    if "out of range" in error["message"] and ".chunk(" in text:
+        return ("torch.chunk can return fewer than N chunks (2 numbers in 3 chunks gives 2); "
+                "torch.tensor_split(flat, N) always returns N, some of them empty.")
+    return ""
+
+
+def judge_ring_calls(rank: int, s: dict) -> None:
+    expect(not s["library"], f"ring_all_reduce calls the library's {(s['library'] or [''])[0]}"
+                             ": the point is to write the ring yourself, from dist.isend and "
+                             "dist.irecv")
+    expect(not s["collectives"], f"ring_all_reduce calls dist.{(s['collectives'] or [''])[0]}"
+                                 ": build it from dist.isend and dist.irecv only (reduce-scatter"
+                                 ", then all-gather round the ring)")
+    for handle in s["unwaited"]:
+        way = "to" if handle["kind"] == "isend" else "from"
+        expect(False, f"rank {rank} returned without waiting for its {handle['kind']} {way} "
+                      f"rank {handle['peer']} (line {handle['line']}): wait on every handle "
+                      "before using the chunk or returning")
+
+
+def _values(by_rank: dict, key: str, n: int) -> list[torch.Tensor]:
+    return [torch.tensor(by_rank[r][key], dtype=torch.float64) for r in range(n)]
+
+
+def judge_ring_values(spec: dict, by_rank: dict, n: int) -> None:
+    inputs, got = _values(by_rank, "input", n), _values(by_rank, "got", n)
+    expected = _values(by_rank, "expected", n)
+    wrong = [r for r in range(n) if not torch.equal(got[r], expected[r])]
+    if not wrong:
+        return
+    if all(torch.equal(g, x) for g, x in zip(got, inputs, strict=True)):
+        expect(not spec["transposed"],
+               "a non-contiguous tensor came back unchanged: tensor.reshape(-1) (or "
+               ".contiguous()) made a copy; copy the result back into the caller's tensor "
+               "with tensor.copy_(flat.view(tensor.shape))")
+        other = by_rank[wrong[0]]["returned_other"]
+        expect(other is None or other != by_rank[wrong[0]]["expected"],
+               "the sum is in the tensor you returned, not in the caller's tensor: "
+               "ring_all_reduce works in place, on the tensor it is given")
+        expect(False, "the caller's tensor is unchanged on every rank: ring_all_reduce must "
+                      "leave the sum in the tensor it is given, in place")
+    mistake = ring_mistakes.name_mistake(inputs, got)
+    if mistake:
+        expect(False, ring_mistakes.mistake_hint(mistake, n))
+    r = wrong[0]
+    expect(False, f"rank {r} holds {_short(got[r])}, dist.all_reduce gives "
+                  f"{_short(expected[r])}: {RING_STEPS}")
+
+
+def _short(values: torch.Tensor) -> str:
+    shown = [int(v) if float(v).is_integer() else round(float(v), 3) for v in values[:6]]
+    return str(shown)[:-1] + (", ...]" if values.numel() > 6 else "]")
+
+
+def judge_ring_bytes(by_rank: dict, n: int) -> None:
+    numel, size = by_rank[0]["numel"], by_rank[0]["element_size"]
+    chunks = [end - start for start, end in chunk_bounds(numel, n)]
+    valid = [[(2 * numel - chunks[(r + k) % n] - chunks[(r + k + 1) % n]) * size * (n > 1)
+              for r in range(n)] for k in range(n)]
+    sent = [by_rank[r]["bytes_sent"] for r in range(n)]
+    if sent in valid:
+        return
+    whole = 2 * (n - 1) * numel * size
+    expect(not all(b >= whole for b in sent) or whole == 0,
+           f"each rank sent {sent[0]} bytes for a {numel * size}-byte tensor: every step sends "
+           "the whole tensor; send one chunk per step (torch.tensor_split(flat, N)), so that "
+           "a rank sends 2(N-1)/N of the tensor in all")
+    r = next(r for r in range(n) if sent[r] != valid[0][r])
+    expect(False, f"rank {r} sent {sent[r]} bytes; a ring sends one chunk per step, "
+                  f"2(N-1)/N of the tensor: {valid[0][r]} bytes here, with chunks cut as "
+                  "torch.tensor_split(flat, N) cuts them")
+
+
+def judge_ring_case(summary: dict, by_rank: dict, run) -> None:
+    n = summary["ranks"]
+    spec = {s["name"]: s for s in ring_cases.case_specs(run.world_size, {})}[summary["name"]]
+    for rank in range(n):
+        judge_ring_calls(rank, by_rank[rank])
+    judge_ring_values(spec, by_rank, n)
+    judge_ring_bytes(by_rank, n)
+
+
+@exercise("6.3")
+def my_ring(path: str = MY_RING_FILE, world_sizes=WORLD_SIZES) -> None:
+    """``ring_all_reduce(tensor, group=None)`` in the learner's file: in place, the SUM."""
+    learner = find_learner_file(path, ("ring_all_reduce",))
+    check_file(learner, RING_CASES, {}, world_sizes, RING_ADVICE, judge_ring_case,
+               explain_ring_error)
+    record_pass("6.3", path)

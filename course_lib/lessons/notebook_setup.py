@@ -11,12 +11,16 @@ import warnings
 
 import torch
 
+from course_lib.runtime.workspace import workspace_dir
+
 FIGSIZE = (6.4, 3.6)  # inches; every course figure has this size unless it asks otherwise
 DPI = 90
 
 
 def setup_notebook(seed: int = 0, threads: int = 1) -> None:
-    """Seed, fix the thread count (results depend on it), round printing, style plots."""
+    """Seed, fix the thread count (results depend on it), round printing, style plots, and
+    make the ``workspace/`` folder that ``%%writefile workspace/NAME.py`` cells write into."""
+    workspace_dir(create=True)
     random.seed(seed)
     torch.manual_seed(seed)
     torch.set_num_threads(threads)

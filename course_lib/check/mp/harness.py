@@ -1,0 +1,41 @@
+"""One call that checks a learner's file on several world sizes (used by every such checker).
+
+    learner = find_learner_file(path, ("ring_all_reduce",))
+    check_file(learner, "course_lib.check.mp.ring_cases", {}, (2, 3, 4), ADVICE, judge_case)
+    record_pass("6.3", learner.path)
+
+One launch per world size, smallest first; every case runs inside it. After each launch the
+cases that every rank finished are judged in order (``judge_case(summary, by_rank, run)``
+raises ``ExerciseError``), then how the launch ended (``raise_if_stopped``), so a wrong
+answer is usually judged after the first launch. ``NotImplementedError`` ("not done yet") is
+raised before any further launch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from course_lib.check.core import ExerciseError
+from course_lib.check.mp.learner import LearnerFile
+from course_lib.check.mp.runner import Run, run_file
+from course_lib.check.mp.verdict import Advice, raise_if_stopped, where
+
+WORLD_SIZES = (2, 3, 4)
+
+
+def check_file(learner: LearnerFile, cases_module: str, options: dict,
+               world_sizes: Sequence[int], advice: Advice,
+               judge_case: Callable[[dict, dict, Run], None],
+               explain: Callable[[dict, str], str] | None = None) -> list[Run]:
+    """Launch, judge, repeat for each world size; return the runs (for their timings)."""
+    runs = []
+    for world_size in world_sizes:
+        run = run_file(cases_module, learner, world_size, options)
+        runs.append(run)
+        for summary, by_rank in run.finished_cases():
+            try:
+                judge_case(summary, by_rank, run)
+            except ExerciseError as e:
+                raise ExerciseError(f"{e} {where(run, summary['name'])}") from None
+        raise_if_stopped(run, learner, advice, explain)
+    return runs

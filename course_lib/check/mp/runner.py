@@ -1,0 +1,99 @@
+"""The checker's side: launch the learner's file on N processes, quietly, and read what
+each rank wrote (``result{R}.json``, ``status{R}.json``, ``where{R}.json``).
+
+``run_file`` never raises for the learner's mistakes: a failed or stopped launch is kept in
+``Run.launch_error`` and judged with the files (``course_lib.check.mp.verdict``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+from course_lib.check.mp.learner import LearnerFile
+from course_lib.runtime.launch import LaunchError, launch
+
+PROGRAM = "course_lib.check.mp.program"
+PG_TIMEOUT_S = 10.0  # a rank blocked this long raises: a deadlock is seen after this
+STARTUP_S = 12.0  # on top of that, time to start N processes on a slow machine
+
+
+@dataclass
+class RankResult:
+    """What one rank left in the run folder."""
+
+    rank: int
+    reported: bool  # it wrote its final result (it was not killed)
+    cases: list  # one summary per case it finished
+    error: dict | None  # how it stopped early, or None
+    status: dict  # the last thing it said it was doing (op None: its own code)
+    where: dict  # the learner's line it was on at the last look (every 0.5 s)
+
+
+@dataclass
+class Run:
+    """One launch of the learner's file."""
+
+    world_size: int
+    ranks: list[RankResult]
+    launch_error: str | None  # the launcher's message when a rank died or time ran out
+    seconds: float
+
+    def case_results(self) -> list[tuple[dict, dict[int, dict]]]:
+        """[(first summary, {rank: summary})] for every case, in the order they ran."""
+        order, found = [], {}
+        for rank in self.ranks:
+            for summary in rank.cases:
+                if summary["name"] not in found:
+                    order.append(summary)
+                    found[summary["name"]] = {}
+                found[summary["name"]][rank.rank] = summary
+        return [(s, found[s["name"]]) for s in order]
+
+    def finished_cases(self) -> list[tuple[dict, dict[int, dict]]]:
+        """The cases every rank that took part finished, in order."""
+        return [(s, by_rank) for s, by_rank in self.case_results()
+                if len(by_rank) == s.get("ranks", self.world_size)]
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def read_rank(folder: str, rank: int) -> RankResult:
+    result = _read(os.path.join(folder, f"result{rank}.json"))
+    return RankResult(rank, bool(result.get("finished")), result.get("cases", []),
+                      result.get("error"),
+                      _read(os.path.join(folder, f"status{rank}.json")),
+                      _read(os.path.join(folder, f"where{rank}.json")))
+
+
+def run_file(cases_module: str, learner: LearnerFile, world_size: int,
+             options: dict | None = None, pg_timeout_s: float = PG_TIMEOUT_S,
+             deadline_s: float | None = None) -> Run:
+    """Run ``cases_module``'s cases on ``learner``'s file on ``world_size`` processes."""
+    folder = tempfile.mkdtemp(prefix="course-check-")
+    deadline_s = pg_timeout_s + STARTUP_S if deadline_s is None else deadline_s
+    args = [folder, cases_module, os.path.abspath(learner.path), json.dumps(options or {})]
+    env = {"COURSE_PG_TIMEOUT_S": pg_timeout_s, "COURSE_BACKEND": "gloo"}
+    start, launch_error = time.monotonic(), None
+    try:
+        try:
+            launch(PROGRAM, world_size, args, timeout_s=deadline_s, env=env, quiet=True,
+                   progress=False)
+        except LaunchError as e:
+            if str(e).startswith("interrupted"):  # the learner stopped the cell
+                raise KeyboardInterrupt from None
+            launch_error = str(e)
+        ranks = [read_rank(folder, r) for r in range(world_size)]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return Run(world_size, ranks, launch_error, time.monotonic() - start)

@@ -1,0 +1,284 @@
+"""Watch the learner's messages inside a checked run (one ``Tracer`` per rank).
+
+``Tracer.install`` replaces ``torch.distributed``'s point-to-point calls (``send``, ``recv``,
+``isend``, ``irecv``, ``batch_isend_irecv``), its collectives and the library's all-reduces
+with wrappers. While a case runs (``with tracer.watching(case, members) as log``) they
+
+- write, before anything that blocks, what this rank waits for and for which peer to
+  ``status{R}.json`` in the run folder ({"op": "send", "peer": 1, "line": 9, ...}), so that
+  the checker can name who waited on whom even when the rank is stopped from outside;
+- count the bytes and messages this rank sends, note every collective and library call, and
+  hand out ``isend``/``irecv`` handles that remember whether they were waited on;
+- refuse a peer outside the group the case passed (a clear error, not a hang).
+
+Outside ``watching`` (the checker's own calls) the wrappers only pass the call on. A
+background thread writes the learner's current line to ``where{R}.json`` every half second:
+it tells an endless loop from a wait.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib
+import inspect
+import linecache
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from course_lib.runtime.launch_child import write_json_atomic
+
+POINT_TO_POINT = ("send", "recv", "isend", "irecv")
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+               "gather", "scatter", "barrier", "monitored_barrier", "all_gather_object",
+               "broadcast_object_list", "gather_object", "scatter_object_list")
+LIBRARY_MODULE = "course_lib.core.collectives"
+LIBRARY = ("naive_all_reduce", "ring_all_reduce", "recursive_doubling_all_reduce",
+           "ring_reduce_scatter", "ring_all_gather")
+DRAIN_S = 3.0  # after a case, handles the learner never waited on get this long to finish
+WHERE_EVERY_S = 0.5
+
+
+_real_path = functools.lru_cache(maxsize=512)(os.path.realpath)
+
+
+class PeerOutsideGroup(ValueError):
+    """The learner named a peer that is not in the group the case passed."""
+
+
+@dataclass
+class CaseLog:
+    """What one rank did during one case."""
+
+    bytes_sent: int = 0
+    messages: int = 0  # sends of a non-empty tensor
+    calls: set = field(default_factory=set)  # which of send, recv, isend, irecv, batch
+    collectives: list = field(default_factory=list)  # names of collectives called
+    library: list = field(default_factory=list)  # library functions called
+    handles: list = field(default_factory=list)  # every TracedWork handed out
+
+    def summary(self) -> dict:
+        unwaited = [h.describe() for h in self.handles if not h.done]
+        return {"bytes_sent": self.bytes_sent, "messages": self.messages,
+                "calls": sorted(self.calls), "collectives": self.collectives,
+                "library": self.library, "unwaited": unwaited}
+
+
+class _Wrapped:
+    """A stand-in for a torch.distributed function that compares equal to it (P2POp checks
+    ``op in [isend, irecv]``)."""
+
+    def __init__(self, original, handler):
+        functools.update_wrapper(self, original)
+        self.original, self.handler = original, handler
+
+    def __call__(self, *args, **kwargs):
+        return self.handler(self.original, *args, **kwargs)
+
+    def __eq__(self, other):
+        return other is self or other is self.original
+
+    def __hash__(self):
+        return hash(self.original)
+
+
+def _original(op):
+    return op.original if isinstance(op, _Wrapped) else op
+
+
+class TracedWork:
+    """An ``isend``/``irecv`` handle that records its waits; everything else is passed on."""
+
+    def __init__(self, work, tracer: Tracer, kind: str, peer, line):
+        self._work, self._tracer = work, tracer
+        self.kind, self.peer, self.line, self.done = kind, peer, line, False
+
+    def wait(self, *args, **kwargs):
+        self._tracer.status(op="wait", kind=self.kind, peer=self.peer,
+                            line=self._tracer.learner_line())
+        result = self._work.wait(*args, **kwargs)  # a timeout leaves the status as it is
+        self._tracer.status(op=None)
+        self.done = True
+        return result
+
+    def is_completed(self):
+        finished = self._work.is_completed()
+        self.done = self.done or finished
+        return finished
+
+    def get_future(self):
+        self.done = True  # waited on through the future: not ours to follow
+        return self._work.get_future()
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "peer": self.peer, "line": self.line}
+
+
+class Tracer:
+    """Install once per rank; ``watching`` around each call of the learner's function."""
+
+    def __init__(self, run_dir: str, rank: int, learner_file: str):
+        self.rank, self.learner_file = rank, _real_path(learner_file)
+        self.status_path = os.path.join(run_dir, f"status{rank}.json")
+        self.where_path = os.path.join(run_dir, f"where{rank}.json")
+        self.log: CaseLog | None = None  # the case being watched, or None
+        self.case, self.members, self.last = "", None, {}
+        self._main = threading.main_thread().ident
+        self._signatures = {}
+
+    # ---- where the learner is ---------------------------------------------------------------
+
+    def learner_frame(self, frame=None):
+        """The innermost frame of the learner's file on this thread's stack, or None."""
+        frame = frame or sys._getframe(1)
+        while frame is not None and _real_path(frame.f_code.co_filename) != self.learner_file:
+            frame = frame.f_back
+        return frame
+
+    def learner_line(self):
+        frame = self.learner_frame()
+        return None if frame is None else frame.f_lineno
+
+    def status(self, **fields) -> None:
+        """Record what this rank does now (op None: running its own code)."""
+        if self.log is None:
+            return
+        self.last = {"rank": self.rank, "case": self.case, "time": time.time(), **fields}
+        write_json_atomic(self.status_path, self.last)
+
+    # ---- installing the wrappers ------------------------------------------------------------
+
+    def install(self) -> None:
+        for name in POINT_TO_POINT:
+            setattr(dist, name, _Wrapped(getattr(dist, name), self._point_to_point(name)))
+        dist.batch_isend_irecv = _Wrapped(dist.batch_isend_irecv, self._batch)
+        for name in COLLECTIVES:
+            if hasattr(dist, name):
+                setattr(dist, name, _Wrapped(getattr(dist, name), self._noted("collectives")))
+        library = importlib.import_module(LIBRARY_MODULE)
+        for name in LIBRARY:
+            setattr(library, name, _Wrapped(getattr(library, name), self._noted("library")))
+        threading.Thread(target=self._watch_where, name="where", daemon=True).start()
+
+    def _noted(self, kind: str):
+        def handler(original, *args, **kwargs):
+            if self.log is not None:
+                getattr(self.log, kind).append(original.__name__)
+            return original(*args, **kwargs)
+
+        return handler
+
+    def _peer(self, name: str, original, args, kwargs):
+        """(tensor, global peer rank or None) of a point-to-point call."""
+        if name not in self._signatures:
+            self._signatures[name] = inspect.signature(original)
+        bound = self._signatures[name].bind(*args, **kwargs).arguments
+        local = bound.get("group_dst" if "send" in name else "group_src")
+        peer = bound.get("dst" if "send" in name else "src")
+        if peer is None and local is not None:
+            group = bound.get("group")
+            peer = dist.get_global_rank(dist.group.WORLD if group is None else group, local)
+        return bound.get("tensor"), peer
+
+    def _check_peer(self, name: str, peer) -> None:
+        if peer is None or self.members is None or peer in self.members:
+            return
+        way = "to" if "send" in name else "from"
+        raise PeerOutsideGroup(
+            f"rank {self.rank} called {name} {way} rank {peer}, which is not in the group "
+            f"passed to the function (ranks {list(self.members)}): take the rank and the size "
+            "from that group, dist.get_rank(group) and dist.get_world_size(group)")
+
+    def _count(self, name: str, tensor) -> None:
+        self.log.calls.add(name)
+        if "send" in name and tensor is not None and tensor.numel() > 0:
+            self.log.bytes_sent += tensor.numel() * tensor.element_size()
+            self.log.messages += 1
+
+    def _point_to_point(self, name: str):
+        def handler(original, *args, **kwargs):
+            if self.log is None:
+                return original(*args, **kwargs)
+            tensor, peer = self._peer(name, original, args, kwargs)
+            self._check_peer(name, peer)
+            self._count(name, tensor)
+            line = self.learner_line()
+            if name in ("isend", "irecv"):
+                work = original(*args, **kwargs)
+                return None if work is None else self._handle(work, name, peer, line)
+            self.status(op=name, peer=peer, line=line)  # blocking: say on what, first
+            result = original(*args, **kwargs)  # a timeout leaves the status as it is
+            self.status(op=None)
+            return result
+
+        return handler
+
+    def _batch(self, original, ops, *args, **kwargs):
+        if self.log is None:
+            return original(ops, *args, **kwargs)
+        line, kinds = self.learner_line(), []
+        for op in ops:
+            op.op = _original(op.op)  # torch tells isend from irecv by identity
+            name = "isend" if op.op is _original(dist.isend) else "irecv"
+            self._check_peer(name, op.peer)
+            self._count(name, op.tensor)
+            kinds.append((name, op.peer))
+        self.log.calls.add("batch")
+        works = original(ops, *args, **kwargs)
+        if len(works) != len(kinds):  # coalesced into one handle (NCCL)
+            kinds = [("batch", None)] * len(works)
+        return [self._handle(w, k, p, line) for w, (k, p) in zip(works, kinds, strict=True)]
+
+    def _handle(self, work, kind: str, peer, line) -> TracedWork:
+        handle = TracedWork(work, self, kind, peer, line)
+        self.log.handles.append(handle)
+        return handle
+
+    # ---- one case ---------------------------------------------------------------------------
+
+    @contextmanager
+    def watching(self, case: str, members):
+        """Trace the learner's calls for one case; afterwards finish handles left open."""
+        self.case, self.members, self.log = case, list(members), CaseLog()
+        self.status(op=None)
+        try:
+            yield self.log
+        finally:
+            log, self.log = self.log, None
+            self._drain(log)
+
+    def _drain(self, log: CaseLog) -> None:
+        """Let handles the learner never waited on finish, so they cannot mix into the next
+        case; raise TimeoutError when one cannot."""
+        for handle in log.handles:
+            if handle.done:
+                continue
+            try:
+                handle._work.wait(datetime.timedelta(seconds=DRAIN_S))
+            except RuntimeError:
+                raise TimeoutError(f"the {handle.kind} to/from rank {handle.peer} that rank "
+                                   f"{self.rank} never waited on did not complete") from None
+
+    def _watch_where(self) -> None:
+        last = None
+        while True:
+            time.sleep(WHERE_EVERY_S)
+            if self.log is None:
+                continue
+            frame = self.learner_frame(sys._current_frames().get(self._main))
+            line = None if frame is None else frame.f_lineno
+            if line != last:
+                last = line
+                source = "" if line is None else linecache.getline(self.learner_file, line)
+                write_json_atomic(self.where_path, {"line": line, "source": source.strip(),
+                                                    "case": self.case, "time": time.time()})

@@ -1,0 +1,182 @@
+"""Judge how a launch of the learner's file ended, before looking at any value.
+
+``raise_if_stopped`` raises ``NotImplementedError`` while the exercise is not done, and
+``ExerciseError`` when a rank raised (the learner's own line, with the rank), when the ranks
+deadlocked (who waited on whom, and why that cannot finish), when Gloo ended a rank for a
+message bigger than its buffer, or when time ran out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from course_lib.check.core import ExerciseError
+from course_lib.check.mp.learner import LearnerFile
+from course_lib.check.mp.runner import Run
+
+SIZE_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match")
+SENDING = ("send", "isend")
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What to do, per kind of failure, in the words of one exercise."""
+
+    all_send: str  # every rank sends first
+    all_recv: str  # every rank receives first
+    mismatch: str  # the sends and the receives do not pair up
+    size: str  # a message arrived that is bigger than its receive buffer
+
+
+def where(run: Run, case: str | None) -> str:
+    on = f"{run.world_size} process{'es' if run.world_size > 1 else ''}"
+    return f"(case: {case}; launched on {on})" if case else f"(launched on {on})"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def learner_error_message(run: Run, learner: LearnerFile, explain=None) -> str | None:
+    """The learner's exception on the lowest rank that raised one, or None;
+    ``explain(error, file_text)`` may add a sentence for errors the exercise knows."""
+    raised = [r for r in run.ranks if r.error and r.error["kind"] == "learner"]
+    if not raised:
+        return None
+    e = raised[0].error
+    same = [r.rank for r in raised[1:] if (r.error["type"], r.error["line"]) ==
+            (e["type"], e["line"])]
+    also = f" (and {_ranks(same)}, the same)" if same else ""
+    at = f", {learner.path} line {e['line']}" if e["line"] else f", {learner.path}"
+    inside = f" in {e['function']}" if e["function"] and e["function"] != "<module>" else ""
+    source = f"\n    {e['source']}" if e["source"] else ""
+    extra = (explain(e, _text(learner.path)) or "") if explain else ""
+    if not e.get("case") and not extra:  # raised while the file was imported
+        extra = ("The checker imports the file, which runs its top-level code: keep code that "
+                 "tries the functions out under `if __name__ == \"__main__\":`.")
+    return (f"rank {raised[0].rank}{also}{at}{inside}:{source}\n{e['type']}: {e['message']}\n"
+            f"{where(run, e.get('case'))}" + (f"\n{extra}" if extra else ""))
+
+
+def _text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _blocked_on(status: dict) -> tuple[str, int] | None:
+    """(what, peer) a rank was blocked in: ("send", 1), ("irecv", 0)...; None if running."""
+    op = status.get("op")
+    if op is None or status.get("peer") is None:
+        return None
+    return (status.get("kind") or op, status["peer"]) if op == "wait" else (op, status["peer"])
+
+
+def _doing(what: str, peer: int) -> str:
+    return f"{'sends to' if what in SENDING else 'receives from'} rank {peer}"
+
+
+def _phrase(what: str, peer: int, first: bool) -> str:
+    verb = {"send": "in send to", "recv": "in recv from", "isend": "waiting for its isend to",
+            "irecv": "waiting for its irecv from"}.get(what, f"in {what} with")
+    return f"{'is blocked ' if first else ''}{verb} rank {peer}"
+
+
+def blocked_ranks(run: Run) -> dict[int, tuple[str, int, int | None]]:
+    """{rank: (what, peer, line)} for every rank that stopped while waiting on a peer."""
+    found, out_of_time = {}, "did not finish within" in (run.launch_error or "")
+    for r in run.ranks:
+        stopped = (not r.reported and (out_of_time or not run.launch_error)) or (
+            r.error and r.error["kind"] in ("timeout", "peer_gone"))
+        blocked = _blocked_on(r.status)
+        if stopped and blocked:
+            found[r.rank] = (*blocked, r.status.get("line"))
+    return found
+
+
+def _reason(blocked: dict, run: Run, advice: Advice) -> str:
+    kinds = {what in SENDING for what, _, _ in blocked.values()}
+    if len(blocked) == run.world_size and kinds == {True}:
+        return ("every rank sends before any receives, so no send can complete (on Gloo a "
+                "send returns only once the receiver has posted its recv, even for a single "
+                f"number). {advice.all_send}")
+    if len(blocked) == run.world_size and kinds == {False}:
+        return f"every rank waits to receive before any rank sends. {advice.all_recv}"
+    for rank, (what, peer, _) in blocked.items():
+        other = blocked.get(peer)
+        wants = "recv" if what in SENDING else "send"
+        if other is None:
+            return (f"rank {rank} {_doing(what, peer)}, but rank {peer} never posted the "
+                    f"matching {wants}. {advice.mismatch}")
+        if other[1] != rank or (other[0] in SENDING) == (what in SENDING):
+            return (f"rank {rank} {_doing(what, peer)}, but rank {peer} "
+                    f"{_doing(*other[:2])}. {advice.mismatch}")
+    return advice.mismatch
+
+
+def deadlock_message(run: Run, learner: LearnerFile, advice: Advice) -> str | None:
+    blocked = blocked_ranks(run)
+    if not blocked:
+        return None
+    parts = []
+    for i, (rank, (what, peer, line)) in enumerate(sorted(blocked.items())):
+        at = f" (line {line})" if line else ""
+        parts.append(f"rank {rank} {_phrase(what, peer, i == 0)}{at}")
+    case = next((r.status.get("case") for r in run.ranks if r.rank in blocked), None)
+    return (f"{learner.path} never finished {where(run, case)}: {', '.join(parts)}: "
+            f"{_reason(blocked, run, advice)}")
+
+
+def killed_message(run: Run, learner: LearnerFile, advice: Advice) -> str | None:
+    """A rank that Gloo ended (SIGABRT): most often a message bigger than its buffer."""
+    victim = next((r for r in run.ranks if not r.reported), None)
+    text = run.launch_error or ""
+    found = SIZE_MISMATCH.search(text)
+    if victim is None or not (found or "SIGABRT" in text):
+        return None
+    what = _blocked_on(victim.status)
+    way = "to" if what and what[0] in SENDING else "from"
+    during = f" in {what[0]} {way} rank {what[1]}" if what else ""
+    line = f" (line {victim.status['line']})" if victim.status.get("line") else ""
+    why = (f"a {found.group(1)}-byte message arrived for a {found.group(2)}-byte receive buffer"
+           if found else "Gloo aborts a process that gets a message bigger than the buffer "
+                         "it posted for it")
+    return (f"rank {victim.rank} was ended by Gloo{during}{line}: {why} "
+            f"{where(run, victim.status.get('case'))}. {advice.size}")
+
+
+def time_out_message(run: Run, learner: LearnerFile) -> str | None:
+    if not run.launch_error or "did not finish within" not in run.launch_error:
+        return None
+    running = [r for r in run.ranks if not r.reported]
+    parts = []
+    for r in running:
+        line, source = r.where.get("line"), r.where.get("source", "")
+        parts.append(f"rank {r.rank} was still at {learner.path} line {line}: {source}"
+                     if line else f"rank {r.rank} had not started the learner's code")
+    return (f"{learner.path} did not finish within {run.seconds:.0f} s and was stopped; "
+            + "; ".join(parts) + ". A loop that never ends (e.g. polling is_completed() on "
+            "a message nobody sends) looks like this")
+
+
+def raise_if_stopped(run: Run, learner: LearnerFile, advice: Advice, explain=None) -> None:
+    """Raise for a run that did not go through every case; return quietly otherwise."""
+    errors = [r.error for r in run.ranks if r.error]
+    if any(e["kind"] == "not_done" for e in errors):
+        raise NotImplementedError(learner.path)
+    for message in (learner_error_message(run, learner, explain),
+                    killed_message(run, learner, advice),
+                    deadlock_message(run, learner, advice), time_out_message(run, learner)):
+        if message:
+            raise ExerciseError(message)
+    checker = [e for e in errors if e["kind"] == "checker"]
+    if checker or run.launch_error or any(not r.reported for r in run.ranks):
+        details = checker[0].get("traceback", "") if checker else run.launch_error
+        raise RuntimeError(f"the checker itself failed on {run.world_size} processes; "
+                           f"please report this:\n{details}")
+    if errors:  # a peer-gone or timeout without a blocked rank to blame
+        e = errors[0]
+        raise ExerciseError(f"{e['type']}: {e['message']} {where(run, e.get('case'))}")

@@ -1,0 +1,161 @@
+"""The workspace and the harness that launches a learner's file: passes, bad files, a deadlock
+ended in time with nothing left behind, a learner's exception shown by its own line."""
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from course_lib.check import nb05
+from course_lib.check.core import ExerciseError
+from course_lib.lessons.notebook_setup import setup_notebook
+from course_lib.runtime.workspace import has_passed, mine_or_library, record_pass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def library_function(tensor, group=None):
+    return tensor
+
+
+def test_the_notebook_setup_makes_the_folder_that_writefile_cells_write_into(workspace):
+    assert not os.path.isdir("workspace")
+    setup_notebook(seed=0)
+    assert os.path.isdir(os.path.join(workspace.root, "workspace"))
+
+
+def test_a_pass_holds_only_for_the_file_that_passed(workspace):
+    path = workspace.put("my_ring", "my_ring.py")
+    assert not has_passed("6.3", path)
+    record_pass("6.3", path)
+    assert has_passed("6.3", path)
+    assert not has_passed("6.2", path)
+    with open(path, "a") as f:
+        f.write("\n# changed\n")
+    assert not has_passed("6.3", path)
+
+
+def test_mine_or_library_prints_one_line_and_falls_back_until_the_exercise_passed(
+        workspace, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    path = workspace.put("my_ring", "my_ring.py")
+    got = mine_or_library("my_ring", "ring_all_reduce", "6.3", library_function)
+    assert got is library_function
+    assert capsys.readouterr().out == ("using the library's ring_all_reduce: exercise 6.3 is "
+                                       "still open\n")
+    record_pass("6.3", path)
+    mine = mine_or_library("my_ring", "ring_all_reduce", "6.3", library_function)
+    assert mine is not library_function and mine.__module__ == "my_ring"
+    assert capsys.readouterr().out == ""
+
+
+def test_mine_or_library_is_quiet_on_other_ranks_and_notices_a_changed_file(
+        workspace, monkeypatch, capsys):
+    path = workspace.put("my_ring", "my_ring.py")
+    record_pass("6.3", path)
+    with open(path, "a") as f:
+        f.write("\n# changed after it passed\n")
+    monkeypatch.setenv("RANK", "1")
+    assert mine_or_library("my_ring", "ring_all_reduce", "6.3", library_function) \
+        is library_function
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "0")
+    mine_or_library("my_ring", "ring_all_reduce", "6.3", library_function)
+    assert "changed since it passed exercise 6.3" in capsys.readouterr().out
+
+
+def test_a_missing_file_says_which_cell_to_run(workspace):
+    with pytest.raises(ExerciseError, match=r"no file workspace/token_ring.py yet: run the cell "
+                                            r"that starts with %%writefile"):
+        nb05.token_ring("workspace/token_ring.py")
+
+
+def test_a_file_without_the_function_names_it(workspace):
+    path = workspace.put("my_ring", "token_ring.py")
+    with pytest.raises(ExerciseError, match="defines no function pass_token"):
+        nb05.token_ring(path)
+
+
+def test_a_syntax_error_is_shown_with_its_line(workspace):
+    path = workspace.put("token_ring", "token_ring.py")
+    with open(path, "a") as f:
+        f.write("def broken(:\n")
+    with pytest.raises(ExerciseError, match=r"token_ring.py line \d+: SyntaxError"):
+        nb05.token_ring(path)
+
+
+@pytest.mark.slow
+def test_top_level_code_that_fails_on_import_is_explained(workspace):
+    path = workspace.put("token_ring", "token_ring.py")
+    with open(path, "a") as f:  # try-out code without the __main__ guard
+        f.write("dist.init_process_group('gloo')\n")
+    with pytest.raises(ExerciseError) as err:
+        nb05.token_ring(path)
+    assert "ValueError: trying to initialize the default process group twice" in str(err.value)
+    assert "keep code that tries the functions out under `if __name__" in str(err.value)
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if text in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_a_deadlock_ends_within_30_s_naming_who_waits_on_whom(workspace):
+    path = workspace.put("token_ring_sends_first", "token_ring.py")
+    start = time.monotonic()
+    with pytest.raises(ExerciseError) as err:
+        nb05.token_ring(path, world_sizes=(3,))
+    assert time.monotonic() - start < 30
+    hint = str(err.value)
+    assert ("rank 0 is blocked in send to rank 1 (line 12), rank 1 in send to rank 2 (line 12),"
+            " rank 2 in send to rank 0 (line 12)") in hint, hint
+    assert "every rank sends before any receives, so no send can complete" in hint
+    time.sleep(0.5)
+    assert psutil.Process().children(recursive=True) == []
+    assert processes_mentioning(str(workspace.root)) == []
+
+
+@pytest.mark.slow
+def test_a_receive_that_no_rank_sends_to_is_named(workspace):
+    path = workspace.put("token_ring_odd_ranks_never_send", "token_ring.py")
+    start = time.monotonic()
+    with pytest.raises(ExerciseError) as err:
+        nb05.token_ring(path)
+    assert time.monotonic() - start < 30
+    assert ("rank 0 is blocked in recv from rank 1 (line 14): rank 0 receives from rank 1, but "
+            "rank 1 never posted the matching send") in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_learners_exception_shows_the_rank_file_and_line(workspace):
+    path = workspace.put("token_ring_last_rank_raises", "token_ring.py")
+    with pytest.raises(ExerciseError) as err:
+        nb05.token_ring(path)
+    hint = str(err.value)
+    assert hint.startswith("rank 1, workspace/token_ring.py line 11 in pass_token:\n"
+                           "    right = ranks[rank + 1]\n"
+                           "IndexError: list index out of range"), hint
+    assert "Traceback" not in hint and "torchrun" not in hint
+
+
+@pytest.mark.slow
+def test_the_reference_ring_runs_unchanged_under_plain_torchrun(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    script = os.path.join(ROOT, "tests", "workspace_answers", "my_ring.py")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sums = [float((i + 0) + (i + 1)) for i in range(3)]  # x[i] = i + rank on ranks 0 and 1
+    for rank in range(2):
+        assert f"rank {rank}: ok, x[:3] = {sums}" in done.stdout, done.stdout

@@ -1,0 +1,17 @@
+"""Wrong: odd ranks receive but forget to send, so rank 0 waits for ever in its recv."""
+
+import torch
+import torch.distributed as dist
+
+
+def pass_token(token, group):
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    if n == 1:
+        return token.clone()
+    incoming = torch.empty_like(token)
+    if rank % 2 == 0:
+        dist.send(token, dst=(rank + 1) % n, group=group)
+        dist.recv(incoming, src=(rank - 1) % n, group=group)
+    else:
+        dist.recv(incoming, src=(rank - 1) % n, group=group)
+    return incoming
