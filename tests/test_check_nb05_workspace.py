@@ -22,20 +22,20 @@ def hint_for(checker, workspace, answer: str, **kwargs) -> str:
 def test_the_reference_passes_on_2_3_and_4_processes_and_is_recorded(workspace, capsys,
                                                                     checker):
     path = workspace.put("token_ring", "token_ring.py")
-    assert checker(path) is True
+    assert checker(path) is None  # a checker prints its verdict, returns nothing
     assert capsys.readouterr().out == f"Exercise {checker.exercise_id}: correct.\n"
     assert has_passed(checker.exercise_id, path)
 
 
 def test_a_batch_isend_irecv_answer_passes_too(workspace, capsys):
     path = workspace.put("token_ring_batch", "token_ring.py")
-    assert nb05.token_ring_async(path, world_sizes=(3,)) is True
+    nb05.token_ring_async(path, world_sizes=(3,))
+    assert has_passed("5.4", path)
 
 
 def test_the_skeleton_is_not_done_yet(workspace, capsys):
     path = workspace.put("token_ring_skeleton", "token_ring.py")
-    assert nb05.token_ring(path) is False
-    assert nb05.token_ring_async(path) is False
+    assert nb05.token_ring(path) is None and nb05.token_ring_async(path) is None
     assert capsys.readouterr().out.count("not done yet") == 2
 
 

@@ -20,19 +20,20 @@ def hint_for(workspace, answer: str, world_sizes=(2, 3, 4)) -> str:
 
 def test_the_reference_passes_on_2_3_and_4_processes_and_is_recorded(workspace, capsys):
     path = workspace.put("my_ring", "my_ring.py")
-    assert nb06.my_ring(path) is True
+    assert nb06.my_ring(path) is None  # a checker prints its verdict, returns nothing
     assert capsys.readouterr().out == "Exercise 6.3: correct.\n"
     assert has_passed("6.3", path)
 
 
 def test_a_ring_whose_ranks_finish_another_chunk_passes_too(workspace):
     path = workspace.put("my_ring_other_convention", "my_ring.py")
-    assert nb06.my_ring(path, world_sizes=(3, 4)) is True
+    nb06.my_ring(path, world_sizes=(3, 4))
+    assert has_passed("6.3", path)
 
 
 def test_the_skeleton_is_not_done_yet(workspace, capsys):
     path = workspace.put("my_ring_skeleton", "my_ring.py")
-    assert nb06.my_ring(path) is False
+    assert nb06.my_ring(path) is None
     assert "Exercise 6.3: not done yet" in capsys.readouterr().out
 
 

@@ -130,7 +130,7 @@ def point_to_point(w: Worker) -> dict:
     sent = torch.tensor([1.0, 2.0, 3.0], device=w.device)
     received = None
     if w.rank == 0:
-        dist.send(sent, dst=1, group=w.group)  # returns once the message is handed over
+        dist.send(sent, dst=1, group=w.group)  # with Gloo, waits until rank 1 receives it
     elif w.rank == 1:
         buffer = torch.zeros(3, device=w.device)
         dist.recv(buffer, src=0, group=w.group)  # waits until rank 0's message is here
