@@ -1,4 +1,4 @@
-"""How fast is each gradient-sync strategy of course_lib.core.data_parallel next to torch DDP?
+"""How fast is each gradient-sync strategy of course_lib.core next to torch DDP?
 
     python scripts/bench_data_parallel.py              # full run, a few minutes
     python scripts/bench_data_parallel.py --quick      # under a minute
@@ -13,37 +13,11 @@ the machine hits them alike. Prints the table and writes ``bench_data_parallel.j
 ``bench_data_parallel.png`` into ``--out``.
 
 Configurations: ``ddp`` (torch DDP, defaults but the bucket size), ``ddp views`` (DDP with
-``gradient_as_bucket_view=True``), our five strategies, and ``no sync`` (no communication at
+``gradient_as_bucket_view=True``), our strategies (`course_lib.train.syncs.SYNCS`), and ``no sync`` (no communication at
 all: the floor). Ratios are median step times over DDP's; ``hidden`` is the share of
 overlap's communication time that fell inside backward (from its own timeline).
 
-What was reached (median step time / DDP's, 2 processes, Gloo, one compute thread each, on a
-16-core machine where Gloo's threads get cores of their own; measured before the last change
-below, which was then measured on the 2-core machine only):
-    tiny transformer, 25 MB / 1 MB buckets: bucketed 0.99 / 1.03, overlap 0.99 / 1.07
-    MLP 13.7M params, 25 MB / 1 MB buckets: bucketed 1.21 / 1.48, overlap 1.12 / 1.26
-    (ddp views 0.87 / 0.91; allreduce per parameter 1.12 / 1.15; no sync 0.46 / 0.61)
-overlap hid 54-72% of its communication under backward on the MLP and beat bucketed (sync
-after backward) there; on the transformer the two were within 4% of each other. The 1.05
-target was met for the tiny transformer, not for the MLP.
-
-What was tried
-- Python callbacks on the all-reduce futures (to time their ends) ran on Gloo's own threads
-  and held up the next collective until the GIL was free: a 16.8 MB bucket took 27-39 ms
-  instead of about 10. A watcher thread that waits on each work (``work.wait()`` releases
-  the GIL) times them now; that gave the numbers above.
-- ``.grad`` as a view of the bucket (DDP's ``gradient_as_bucket_view``) saves a copy, but on
-  CPU it made backward slower in our hands (main-thread CPU time, one rank: overlap 75 ms a
-  step with views, 59 ms with copies; DDP 57-67 ms): copies are the default since. Division
-  by N is fused into the copy into the bucket, as DDP does (mul and div cost the same here).
-- comm="ring" (our ring on a background thread) is kept for teaching: its slices, messages and
-  additions are driven from Python and compete with backward for the GIL.
-
-Why a gap remains on the MLP: DDP's hooks and bucket copies run in C++ without the GIL, it
-rebuilds its buckets after the first step in the order gradients really arrived, with a
-small first bucket, and its bucket boundaries cross the cap (fewer, larger all-reduces). On a
-2-core machine, two processes plus Gloo's threads share two cores, communication cannot run
-beside compute, and every ratio moves with the machine's other load.
+The findings on this course's machines, and what was tried, are in the README (Performance).
 """
 
 from __future__ import annotations

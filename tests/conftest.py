@@ -6,6 +6,23 @@ import shutil
 import pytest
 import torch.distributed as dist
 
+from course_lib.runtime.launch import launch
+
+PINGPONG_SIZES = [8, 1024, 65536, 1048576, 4194304]  # bytes, as notebook 06's ring trace
+
+
+@pytest.fixture(scope="session")
+def tour_run():
+    """Notebook 05's collectives tour on 4 processes, launched once for every test reading it."""
+    return launch("course_lib.demos.collectives_tour", nproc=4, timeout_s=180, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def ring_trace_run():
+    """Notebook 06's ring trace (and ping-pong) on 4 processes, launched once per session."""
+    return launch("course_lib.demos.ring_trace", nproc=4, timeout_s=180, quiet=True,
+                  args=["--pingpong-sizes", *map(str, PINGPONG_SIZES)])
+
 
 @pytest.fixture
 def one_process_group(tmp_path):

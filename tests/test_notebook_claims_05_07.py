@@ -5,6 +5,7 @@ One launch per (module, world size), shared by the tests that read it (module-sc
 
 import pytest
 import torch
+from conftest import PINGPONG_SIZES  # the sizes the shared ring-trace launch uses
 
 from course_lib.core.accumulation import count_target_tokens
 from course_lib.core.collectives import chunk_bounds
@@ -16,21 +17,19 @@ from course_lib.tasks.models import TransformerConfig, make_transformer
 from course_lib.tasks.sequences import global_batch
 
 pytestmark = pytest.mark.slow
-PINGPONG_SIZES = [8, 1024, 65536, 1048576, 4194304]
 BENCH_SIZES = [4096, 4194304]
 BENCH_ALGORITHMS = ["naive", "ring", "recursive_doubling", "torch"]
 STEPS = 8
 
 
-@pytest.fixture(scope="module")
-def tour():
-    return launch("course_lib.demos.collectives_tour", nproc=4, timeout_s=180, quiet=True).result
+@pytest.fixture
+def tour(tour_run):  # launched once per session (conftest.py), read by several test files
+    return tour_run.result
 
 
-@pytest.fixture(scope="module")
-def traced():
-    return launch("course_lib.demos.ring_trace", nproc=4, timeout_s=180, quiet=True,
-                  args=["--pingpong-sizes", *map(str, PINGPONG_SIZES)]).result
+@pytest.fixture
+def traced(ring_trace_run):
+    return ring_trace_run.result
 
 
 # ---- notebook 05 ---------------------------------------------------------------------------

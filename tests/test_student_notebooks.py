@@ -27,6 +27,7 @@ import pytest
 from notebook_kernel import errors, fresh_kernel, stdout
 
 from course_lib.check.core import not_done_line, passed_line
+from course_lib.check.mp.harness import WORLD_SIZES_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -37,8 +38,8 @@ import student_copies  # noqa: E402
 NEEDS_EARLIER_CELLS: dict[str, dict[str, dict[int, str]]] = {
     # launch and LaunchError are imported in cell 8 (section 3), not in the setup cell
     "00_start_here": {"answered": {18: "launch", 20: "LaunchError"}},
-    # cell 24 times the learner's exposed_ms on `rows`, the results of cell 7 (section 4)
-    "08_bucketing_and_overlap": {"open": {24: "rows"}, "answered": {24: "rows"}},
+    # cell 31 times the learner's exposed_ms on `rows`, the results of cell 7 (section 4)
+    "08_bucketing_and_overlap": {"open": {31: "rows"}, "answered": {31: "rows"}},
 }
 MISSING_NAME = re.compile(r"NameError: name '(\w+)' is not defined")
 
@@ -113,10 +114,16 @@ def missing_name(error: str) -> str:
     return found.group(1) if found else error
 
 
-def run_exercises(nb, folder: Path) -> dict:
-    """Run the setup cell, then the exercise cells, in a fresh kernel; the cells, by index."""
+def run_exercises(nb, folder: Path, mode: str) -> dict:
+    """Run the setup cell, then the exercise cells, in a fresh kernel; the cells, by index.
+
+    Answered, a multi-process checker launches the learner's file on 3 processes only: the
+    answers are the notebook's own (test_copy_changes_only_...), which nbval checks on 2, 3
+    and 4."""
     setup = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
     with fresh_kernel(folder) as kernel:
+        if mode == "answered":
+            kernel.run(f"import os\nos.environ[{WORLD_SIZES_ENV!r}] = '3'")
         return {i: kernel.run(nb.cells[i].source) for i in [setup, *exercise_cells(nb)]}
 
 
@@ -124,7 +131,7 @@ def check_run(source: Path, tmp_path: Path, mode: str) -> None:
     made = student_copies.make_student_copy(nbformat.read(source, as_version=4), str(source))
     student = made.notebook  # the copy the command line writes: test_copy_changes_only_...
     nb = fill_in(student, made, markers=False) if mode == "answered" else without_note(student)
-    cells = run_exercises(nb, tmp_path)
+    cells = run_exercises(nb, tmp_path, mode)
     failed = {i: missing_name(f"{e.ename}: {e.evalue}") for i, c in cells.items()
               for e in errors(c)}
     expected = NEEDS_EARLIER_CELLS.get(source.stem, {}).get(mode, {})

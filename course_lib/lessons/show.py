@@ -4,7 +4,7 @@ is exactly what runs (notebooks 03 to 10).
     from course_lib.lessons.show import show, show_diff, show_file
     show(ring_reduce_scatter)                      # highlighted, with its file and line
     show_diff(ring_reduce_scatter, fast_version)   # what one version changes in the other
-    show_file("course_lib/demos/ddp_script.py")    # a whole file
+    show_file("course_lib/demos/ddp_minimal.py")   # a whole file
 """
 
 from __future__ import annotations

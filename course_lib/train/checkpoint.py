@@ -1,10 +1,10 @@
 """Rank-0 checkpoints that survive being killed mid-write, and exact resume (notebook 09).
 
-    save_checkpoint(directory, step, model, optimizer, w)   # every rank calls it
+    save_checkpoint(directory, step, model, optimizer, rank, world_size, device)  # every rank
     state = load_checkpoint(directory)                       # None when there is none yet
     check_checkpoint(directory)       # before anything starts: raises CheckpointError
     model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"])
-    restore_rng(state["rng"], w.rank, w.world_size)
+    restore_rng(state["rng"], rank, world_size)
 
 What a resumed run needs to continue bit for bit: the weights, the optimizer's state (Adam's
 moments and step count), the step, and every rank's random number generators (dropout draws
