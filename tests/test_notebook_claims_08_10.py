@@ -5,7 +5,6 @@ multi-node commands of the SLURM script (09), the ZeRO memory table (10).
 (ZeRO-1 itself: tests/test_zero.py; the hang lab: tests/test_hang_lab.py; no_sync, the
 sampler, SyncBatchNorm and our trainer against DDP: tests/test_ddp_practice.py.)"""
 
-import json
 import os
 import shlex
 import signal
@@ -20,8 +19,8 @@ from torch.distributed.run import get_args_parser
 from course_lib.core.buckets import MB, plan_buckets
 from course_lib.demos.bucket_sweep import STRATEGIES, make_deep_mlp
 from course_lib.lessons.timeline_plot import comm_starts_before_backward_ends
-from course_lib.runtime.launch import LaunchError, launch
-from course_lib.train.checkpoint import CRASH_ENV, checkpoint_path, load_checkpoint
+from course_lib.runtime.launch import launch
+from course_lib.train.checkpoint import load_checkpoint
 from course_lib.train.config import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,27 +65,7 @@ def test_buckets_cut_the_collectives_and_hooks_start_them_during_backward(sweep)
     assert not comm_starts_before_backward_ends(sweep["bucketed"]["timeline"])
 
 
-# ---- 09: a crash while writing the checkpoint, then an exact resume ---------------------------
-
-@pytest.mark.slow
-def test_a_crash_mid_checkpoint_keeps_the_last_one_and_resume_is_exact(tmp_path):
-    folder = str(tmp_path / "run")
-    common = ["--steps", "6", "--accum-steps", "2", "--micro-batch", "2", "--dropout", "0.1",
-              "--sync", "ddp", "--checkpoint-dir", folder, "--checkpoint-every", "3"]
-    metrics = str(tmp_path / "metrics.jsonl")
-    with pytest.raises(LaunchError):  # rank 0 is killed halfway through the step-6 write
-        launch("course_lib.train", nproc=2, args=common + ["--metrics", metrics],
-               env={CRASH_ENV: "6"}, timeout_s=300, quiet=True)
-    uninterrupted = [json.loads(line) for line in open(metrics)]
-    assert [m["step"] for m in uninterrupted] == [1, 2, 3, 4, 5, 6]
-    assert load_checkpoint(folder)["step"] == 3  # the previous checkpoint is whole
-    assert os.path.exists(checkpoint_path(folder) + ".tmp")
-    with pytest.raises(RuntimeError):
-        torch.load(checkpoint_path(folder) + ".tmp", weights_only=True)  # half a file
-    resumed = launch("course_lib.train", nproc=2, args=common + ["--resume"], timeout_s=300,
-                     quiet=True).result
-    assert resumed["steps"] == [4, 5, 6]
-    assert resumed["losses"] == [m["loss"] for m in uninterrupted[3:]]  # bit for bit
+# ---- 09: a crash while writing the checkpoint, then an exact resume: tests/test_train_resume.py
 
 
 # ---- 09: the SLURM recipe ---------------------------------------------------------------------
