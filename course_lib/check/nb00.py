@@ -31,7 +31,7 @@ def caught_failure(make_error) -> None:
     try:
         error = make_error()
     except LaunchError as escaped:  # the learner's code did not catch it: show their line
-        raise LearnerCodeError(escaped, during="caught_failure()",
+        raise LearnerCodeError(escaped, during=f"{getattr(make_error, '__name__', '')}()",
                                hint="the run failed as planned, but the error escaped your "
                                     "function: catch it and return it") from escaped
     expect(error is not None, "your function returned None: did the run fail? If it did not, "
