@@ -1,8 +1,13 @@
-"""Exercise checkers of notebook 00 against the reference and wrong answers (no processes)."""
+"""Notebook 00's checkers against the reference answers and realistic wrong ones (no processes:
+the answers hand back what launch would).
+
+Both exercises are about using launch, so there is no "calls the course's own solution" case.
+"""
 
 import pytest
+from check_reports import hint_of
 
-from course_lib.check.core import ExerciseError
+from course_lib.check import hints
 from course_lib.check.nb00 import caught_failure, hello_on_three
 from course_lib.runtime.launch import LaunchError, LaunchResult
 
@@ -11,13 +16,59 @@ def run_with_ranks(ranks):
     return LaunchResult(0, "", [{"rank": r} for r in ranks], 1.0)
 
 
-def test_hello_on_three(capsys):
+def test_hello_on_three_reference(capsys):
     hello_on_three(lambda: run_with_ranks([0, 1, 2]))
     assert capsys.readouterr().out == "Exercise 0.1: correct.\n"
-    with pytest.raises(ExerciseError, match="pass nproc=3"):
-        hello_on_three(lambda: run_with_ranks([0, 1]))
-    with pytest.raises(ExerciseError, match="return the object"):
-        hello_on_three(lambda: [0, 1, 2])
+
+
+def forgot_return():
+    run_with_ranks([0, 1, 2])  # launched, but the function ends without return
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda: run_with_ranks([0, 1]), "the run had 2 process(es): ask launch for three"),
+    (lambda: run_with_ranks([0, 1, 2]).result, "(a LaunchResult), not a part of it; your code "
+                                                "returned a list of 3 item(s)"),
+    (forgot_return, "your code returned None (a function that ends without `return`"),
+    (lambda: LaunchResult(0, "[rank 0] joined", None, 1.0),
+     "the module to launch is course_lib.demos.hello"),
+    (lambda: LaunchResult(0, "", {"total": 3}, 1.0), "does not hold the ranks' reports"),
+])
+def test_hello_on_three_wrong_answers(wrong, hint):
+    assert hint in hint_of(hello_on_three, wrong)
+
+
+def test_caught_failure_reference(capsys):
+    caught_failure(lambda: LaunchError("rank 2 failed (exit code 1) in ..."))
+    assert capsys.readouterr().out == "Exercise 0.2: correct.\n"
+
+
+def not_caught():
+    raise LaunchError("rank 2 failed (exit code 1) in ...")  # the learner's line, shown
+
+
+def caught_and_dropped():
+    try:
+        raise LaunchError("rank 2 failed (exit code 1) in ...")
+    except LaunchError:
+        pass
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda: LaunchError("rank 1 failed (exit code 1) in ..."), "not about rank 2"),
+    (lambda: str(LaunchError("rank 2 failed")), "not its message or another kind of error; "
+                                                 "your code returned the str"),
+    (lambda: RuntimeError("rank 2 failed"), "your code returned the RuntimeError"),
+    (caught_and_dropped, "your function returned None"),
+])
+def test_caught_failure_wrong_answers(wrong, hint):
+    assert hint in hint_of(caught_failure, wrong)
+
+
+def test_an_uncaught_failure_shows_the_learners_line():
+    shown = hint_of(caught_failure, not_caught)
+    assert 'raise LaunchError("rank 2 failed (exit code 1) in ...")' in shown
+    assert "the error escaped your function" in shown
 
 
 def test_not_done_yet(capsys):
@@ -25,12 +76,10 @@ def test_not_done_yet(capsys):
         raise NotImplementedError("Exercise 0.1")
 
     hello_on_three(hole)
-    assert "Exercise 0.1: not done yet" in capsys.readouterr().out
+    caught_failure(hole)
+    assert capsys.readouterr().out.count("not done yet") == 2
 
 
-def test_caught_failure():
-    caught_failure(lambda: LaunchError("rank 2 failed (exit code 1) in ..."))
-    with pytest.raises(ExerciseError, match="name rank 2"):
-        caught_failure(lambda: LaunchError("rank 1 failed (exit code 1) in ..."))
-    with pytest.raises(ExerciseError, match="not RuntimeError"):
-        caught_failure(lambda: RuntimeError("rank 2 failed"))
+@pytest.mark.parametrize("exercise_id", ["0.1", "0.2"])
+def test_second_hints(exercise_id):
+    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

@@ -1,69 +1,116 @@
-"""Exercise checkers of notebook 01 against the reference answers and realistic wrong ones."""
+"""Notebook 01's checkers: the reference answers pass; realistic wrong answers (of the wrong
+kind, calling autograd or the course's own version, off by a factor or a sign) get the hint
+that names their mistake, in a short report without checker code."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from check_reports import hint_of
 
-from course_lib.check.core import ExerciseError
+from course_lib.check import hints
 from course_lib.check.nb01 import central_difference, logistic_gradient, per_example
+from course_lib.lessons import gradients
 
 
-def test_central_difference(capsys):
+def test_central_difference_reference(capsys):
     central_difference(lambda f, x, eps: (f(x + eps) - f(x - eps)) / (2 * eps))
     assert capsys.readouterr().out == "Exercise 1.1: correct.\n"
-    with pytest.raises(ExerciseError, match="one-sided"):
-        central_difference(lambda f, x, eps: (f(x + eps) - f(x)) / eps)
-    with pytest.raises(ExerciseError, match="twice"):
-        central_difference(lambda f, x, eps: (f(x + eps) - f(x - eps)) / eps)
 
 
-def test_logistic_gradient(capsys):
-    def right(w, x, y):
-        return x.T @ (torch.sigmoid(x @ w) - y) / x.shape[0]
+def with_the_library(f, x, eps):
+    return gradients.finite_difference(lambda t: f(float(t)), torch.tensor(x), eps)
 
-    logistic_gradient(right)
-    assert "Exercise 1.2: correct." in capsys.readouterr().out
-    with pytest.raises(ExerciseError, match="divide by n"):
-        logistic_gradient(lambda w, x, y: x.T @ (torch.sigmoid(x @ w) - y))
-    with pytest.raises(ExerciseError, match="sign"):
-        logistic_gradient(lambda w, x, y: x.T @ (y - torch.sigmoid(x @ w)) / x.shape[0])
-    with pytest.raises(ExerciseError, match="not the gradient"):
-        logistic_gradient(lambda w, x, y: x.T @ (x @ w - y) / x.shape[0])  # no sigmoid
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda f, x, eps: (f(x + eps) - f(x)) / eps, "one-sided difference"),
+    (lambda f, x, eps: (f(x) - f(x - eps)) / eps, "one-sided difference"),
+    (lambda f, x, eps: (f(x + eps) - f(x - eps)) / eps, "twice the slope"),
+    (lambda f, x, eps: (f(x - eps) - f(x + eps)) / (2 * eps), "the wrong sign"),
+    (lambda f, x, eps: ((f(x + eps) - f(x - eps)) / (2 * eps),), "the estimate of f'(x); "
+                                                                 "your code returned a tuple"),
+    (with_the_library, "calls gradients.finite_difference, the course's own version"),
+    (lambda f, x, eps: (f(x + 1e-2) - f(x - 1e-2)) / 2e-2, "placed evenly around x"),
+])
+def test_central_difference_wrong_answers(wrong, hint):
+    assert hint in hint_of(central_difference, wrong)
+
+
+def right_logistic(w, x, y):
+    return x.T @ (torch.sigmoid(x @ w) - y) / x.shape[0]
+
+
+def with_autograd(w, x, y):
+    w = w.clone().requires_grad_()
+    gradients.logistic_loss(w, x, y).backward()
+    return w.grad
+
+
+def test_logistic_gradient_reference(capsys):
+    logistic_gradient(right_logistic)
+    assert capsys.readouterr().out == "Exercise 1.2: correct.\n"
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda w, x, y: x.T @ (torch.sigmoid(x @ w) - y), "50 times too large"),
+    (lambda w, x, y: x.T @ (y - torch.sigmoid(x @ w)) / x.shape[0], "the sign is flipped"),
+    (lambda w, x, y: x.T @ (x @ w - y) / x.shape[0], "not the gradient of the mean"),
+    (lambda w, x, y: (x.T @ (torch.sigmoid(x @ w) - y) / x.shape[0]).tolist(),
+     "return a tensor with one entry per weight; your code returned a list"),
+    (lambda w, x, y: torch.sigmoid(x @ w) - y, "of shape (2,)"),
+    (with_autograd, "asks autograd"),
+    (gradients.logistic_grad_by_hand, "the course's version"),
+])
+def test_logistic_gradient_wrong_answers(wrong, hint):
+    assert hint in hint_of(logistic_gradient, wrong)
 
 
 def flat(model):
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
-def test_per_example(capsys):
-    def right(model, x, y):
-        rows = []
-        for i in range(x.shape[0]):
-            model.zero_grad()
-            F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
-            rows.append(flat(model).clone())
-        return torch.stack(rows)
-
-    def forgot_zero_grad(model, x, y):
-        rows = []
-        for i in range(x.shape[0]):
-            F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
-            rows.append(flat(model).clone())
-        return torch.stack(rows)
-
-    def whole_batch(model, x, y):
+def right_per_example(model, x, y):
+    rows = []
+    for i in range(x.shape[0]):
         model.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        return flat(model).repeat(x.shape[0], 1)
+        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        rows.append(flat(model).clone())
+    return torch.stack(rows)
 
-    per_example(right)
-    assert "Exercise 1.3: correct." in capsys.readouterr().out
-    with pytest.raises(ExerciseError, match="zero"):
-        per_example(forgot_zero_grad)
-    with pytest.raises(ExerciseError, match="one example at a time"):
-        per_example(whole_batch)
-    with pytest.raises(ExerciseError, match="shape"):
-        per_example(lambda model, x, y: right(model, x, y).T)
+
+def forgot_zero_grad(model, x, y):
+    rows = []
+    for i in range(x.shape[0]):
+        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        rows.append(flat(model).clone())
+    return torch.stack(rows)
+
+
+def whole_batch(model, x, y):
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    return flat(model).repeat(x.shape[0], 1)
+
+
+def rows_as_list(model, x, y):
+    return list(right_per_example(model, x, y))
+
+
+def test_per_example_reference(capsys):
+    per_example(right_per_example)
+    assert capsys.readouterr().out == "Exercise 1.3: correct.\n"
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (forgot_zero_grad, "keeps adding up between backward calls"),
+    (whole_batch, "every row is the whole batch's gradient"),
+    (lambda model, x, y: right_per_example(model, x, y).T,
+     "a tensor of shape (6, 114), not (114, 6)"),
+    (rows_as_list, "stack the rows); your code returned a list of 6 item(s)"),
+    (gradients.per_example_grads_loop, "calls gradients.per_example_grads_loop"),
+    (gradients.per_example_grads, "calls gradients.per_example_grads, the course's"),
+])
+def test_per_example_wrong_answers(wrong, hint):
+    assert hint in hint_of(per_example, wrong)
 
 
 def test_not_done_yet(capsys):
@@ -73,5 +120,9 @@ def test_not_done_yet(capsys):
     central_difference(hole)
     logistic_gradient(hole)
     per_example(hole)
-    out = capsys.readouterr().out
-    assert "Exercise 1.1: not done yet" in out and "Exercise 1.3: not done yet" in out
+    assert capsys.readouterr().out.count("not done yet") == 3
+
+
+@pytest.mark.parametrize("exercise_id", ["1.1", "1.2", "1.3"])
+def test_second_hints(exercise_id):
+    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

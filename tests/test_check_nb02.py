@@ -1,11 +1,16 @@
-"""Exercise checkers of notebook 02 against the reference answers and realistic wrong ones."""
+"""Notebook 02's checkers: the reference answers pass; realistic wrong answers (of the wrong
+kind, calling the notebook's memory functions, counting elements or too few copies) get the
+hint that names their mistake, in a short report without checker code."""
 
 import math
 
 import pytest
+import torch
+from check_reports import hint_of
 
-from course_lib.check.core import ExerciseError
+from course_lib.check import hints
 from course_lib.check.nb02 import accumulation_plan, training_bytes
+from course_lib.lessons import memory
 
 COPIES = {"sgd": 0, "momentum": 1, "adam": 2}
 
@@ -15,19 +20,39 @@ def right_bytes(model, name):
     return (2 + COPIES[name]) * params
 
 
-def test_training_bytes(capsys):
+def elements(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def measured(model, name):  # the notebook's measurement instead of a count
+    optimizer = torch.optim.Adam(model.parameters()) if name == "adam" else \
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9 if name == "momentum" else 0)
+    x, y = torch.randn(4, 2, dtype=next(model.parameters()).dtype), torch.tensor([0, 1, 0, 1])
+    parts = memory.memory_breakdown(model, optimizer, x, y)
+    return parts["parameters"] + parts["gradients"] + parts["optimizer state"]
+
+
+def test_training_bytes_reference(capsys):
     training_bytes(right_bytes)
     assert capsys.readouterr().out == "Exercise 2.1: correct.\n"
-    with pytest.raises(ExerciseError, match="element_size"):  # elements, not bytes
-        training_bytes(lambda m, n: (2 + COPIES[n]) * sum(p.numel() for p in m.parameters()))
-    with pytest.raises(ExerciseError, match="copy of the parameters is missing"):  # no grads
-        training_bytes(lambda m, n: right_bytes(m, n) // (2 + COPIES[n]) * (1 + COPIES[n]))
-    with pytest.raises(ExerciseError, match="float64"):  # assumes float32 everywhere
-        training_bytes(lambda m, n: 4 * (2 + COPIES[n]) * sum(p.numel() for p in m.parameters()))
-    with pytest.raises(ExerciseError, match="adam keeps 2 copies"):  # Adam with one copy only
-        training_bytes(lambda m, n: right_bytes(m, n) - (n == "adam") * right_bytes(m, n) // 4)
-    with pytest.raises(ExerciseError, match="momentum.*expected"):  # two momentum buffers
-        training_bytes(lambda m, n: right_bytes(m, n) + (n == "momentum") * right_bytes(m, n) // 3)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda m, n: (2 + COPIES[n]) * elements(m), "you count numbers, not bytes"),
+    (lambda m, n: right_bytes(m, n) // (2 + COPIES[n]) * (1 + COPIES[n]),
+     "one copy of the parameters' size is missing for every optimizer"),
+    (lambda m, n: 4 * (2 + COPIES[n]) * elements(m), "this model is float64"),
+    (lambda m, n: right_bytes(m, n) - (n == "adam") * right_bytes(m, n) // 4,
+     "adam: you count 1 copy of optimizer state"),
+    (lambda m, n: right_bytes(m, n) + (n == "momentum") * right_bytes(m, n) // 3,
+     "momentum: you count 2 copies of optimizer state"),
+    (lambda m, n: float(right_bytes(m, n)), "return a whole number of bytes (an int); your "
+                                            "code returned the float"),
+    (measured, "calls the notebook's memory functions"),
+    (lambda m, n: memory.parameter_bytes(m) * (2 + COPIES[n]), "count the bytes yourself"),
+])
+def test_training_bytes_wrong_answers(wrong, hint):
+    assert hint in hint_of(training_bytes, wrong)
 
 
 def right_steps(budget, fixed, per_example, global_batch):
@@ -37,15 +62,32 @@ def right_steps(budget, fixed, per_example, global_batch):
     return math.ceil(global_batch / largest)
 
 
-def test_accumulation_plan(capsys):
+def with_the_library(budget, fixed, per_example, global_batch):
+    largest = memory.largest_batch_that_fits(budget, fixed, per_example)
+    return memory.accumulation_steps_needed(global_batch, largest)
+
+
+def test_accumulation_plan_reference(capsys):
     accumulation_plan(right_steps)
     assert capsys.readouterr().out == "Exercise 2.2: correct.\n"
-    with pytest.raises(ExerciseError, match="round the number of micro-steps up"):
-        accumulation_plan(lambda b, f, e, g: max(1, g // ((b - f) // e)))
-    with pytest.raises(ExerciseError, match="fixed memory"):
-        accumulation_plan(lambda b, f, e, g: math.ceil(g / (b // e)))
-    with pytest.raises(ExerciseError, match="raise ValueError"):  # divides by zero instead
-        accumulation_plan(lambda b, f, e, g: math.ceil(g / ((b - f) // e)) if b > f else 1)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda b, f, e, g: max(1, g // ((b - f) // e)), "you round the number of micro-steps "
+                                                     "down"),
+    (lambda b, f, e, g: math.ceil(g / (b // e)), "leaves the fixed memory (parameters, "
+                                                 "gradients, optimizer state) out"),
+    (lambda b, f, e, g: math.ceil(g / ((b - f) // e)) if b > f else 1,
+     "raise ValueError with a message that says so; your code gave 1"),
+    (lambda b, f, e, g: math.ceil(g / ((b - f) // e)), "your code gave 0"),
+    (lambda b, f, e, g: math.ceil(g / max(0, (b - f) // e)), "gave a ZeroDivisionError"),
+    (lambda b, f, e, g: g / ((b - f) / e), "a whole number of micro-steps (an int, rounded); "
+                                           "your code returned the float"),
+    (with_the_library, "calls memory.largest_batch_that_fits, the course's own version"),
+    (lambda b, f, e, g: math.ceil(g / math.floor((b - f) / e)) + 1, "is not the fewest"),
+])
+def test_accumulation_plan_wrong_answers(wrong, hint):
+    assert hint in hint_of(accumulation_plan, wrong)
 
 
 def test_not_done_yet(capsys):
@@ -54,5 +96,9 @@ def test_not_done_yet(capsys):
 
     training_bytes(hole)
     accumulation_plan(hole)
-    out = capsys.readouterr().out
-    assert "Exercise 2.1: not done yet" in out and "Exercise 2.2: not done yet" in out
+    assert capsys.readouterr().out.count("not done yet") == 2
+
+
+@pytest.mark.parametrize("exercise_id", ["2.1", "2.2"])
+def test_second_hints(exercise_id):
+    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

@@ -1,58 +1,112 @@
-"""Exercise checkers of notebook 03 against the reference answers and realistic wrong ones."""
+"""Notebook 03's checkers: the reference answers pass; realistic wrong answers (of the wrong
+kind, detached, calling the course's own version, off by a factor, a mean of means) get the
+hint that names their mistake, and only that one, in a short report without checker code.
+
+Exercise 3.3 has no "calls the course's own version" case: no course function returns the
+weights (the notebook's pitfalls.uneven_accumulated_grad returns a gradient)."""
 
 import pytest
+import torch
 import torch.nn.functional as F
+from check_reports import hint_of
 
-from course_lib.check.core import ExerciseError
+from course_lib.check import hints
 from course_lib.check.nb03 import accumulate, token_normalisation, uneven_weights
+from course_lib.core import accumulation
+from course_lib.lessons import pitfalls
 
 
-def test_accumulate(capsys):
-    def right(model, x, y, k):
+def scaled_by(factor, zero_inside=False):
+    """An accumulation that backwards each micro-batch's mean x factor(k)."""
+    def my_accumulate(model, x, y, k):
         for xm, ym in zip(x.chunk(k), y.chunk(k), strict=True):
-            (F.cross_entropy(model(xm), ym) / k).backward()
+            if zero_inside:
+                model.zero_grad()
+            (F.cross_entropy(model(xm), ym) * factor(k)).backward()
+    return my_accumulate
 
-    def no_scale(model, x, y, k):
-        for xm, ym in zip(x.chunk(k), y.chunk(k), strict=True):
-            F.cross_entropy(model(xm), ym).backward()
 
-    def zero_inside(model, x, y, k):
-        for xm, ym in zip(x.chunk(k), y.chunk(k), strict=True):
-            model.zero_grad()
-            (F.cross_entropy(model(xm), ym) / k).backward()
+def only_first(model, x, y, k):
+    (F.cross_entropy(model(x.chunk(k)[0]), y.chunk(k)[0]) / k).backward()
 
-    accumulate(right)
+
+def detached(model, x, y, k):
+    for xm, ym in zip(x.chunk(k), y.chunk(k), strict=True):
+        (F.cross_entropy(model(xm), ym).detach() / k).backward()
+
+
+def test_accumulate_reference(capsys):
+    accumulate(scaled_by(lambda k: 1 / k))
     assert capsys.readouterr().out == "Exercise 3.1: correct.\n"
-    with pytest.raises(ExerciseError, match="times too large"):
-        accumulate(no_scale)
-    with pytest.raises(ExerciseError, match="not inside"):
-        accumulate(zero_inside)
-    with pytest.raises(ExerciseError, match="no .grad"):
-        accumulate(lambda model, x, y, k: None)
 
 
-def test_token_normalisation(capsys):
+@pytest.mark.parametrize("wrong, hint", [
+    (scaled_by(lambda k: 1), "your gradient points the right way but is 3 times too large"),
+    (scaled_by(lambda k: 1 / k**2), "3 times too small"),
+    (scaled_by(lambda k: 1 / k, zero_inside=True), "only the last micro-batch's share is left"),
+    (only_first, "is not the big batch's gradient"),
+    (lambda model, x, y, k: None, "some parameters have no .grad"),
+    (detached, "RuntimeError: element 0 of tensors does not require grad"),
+    (lambda model, x, y, k: pitfalls.accumulate(model, x, y, k), "calls pitfalls.accumulate"),
+])
+def test_accumulate_wrong_answers(wrong, hint):
+    assert hint in hint_of(accumulate, wrong)
+
+
+def test_token_normalisation_reference(capsys):
     token_normalisation(lambda loss_sum, micro, total, k: loss_sum / total)
     assert capsys.readouterr().out == "Exercise 3.2: correct.\n"
-    with pytest.raises(ExerciseError, match="mean of micro-batch means"):
-        token_normalisation(lambda loss_sum, micro, total, k: loss_sum / micro / k)
-    with pytest.raises(ExerciseError, match="3 times too large"):
-        token_normalisation(lambda loss_sum, micro, total, k: loss_sum / micro)
-    with pytest.raises(ExerciseError, match="not the big batch"):
-        token_normalisation(lambda loss_sum, micro, total, k: loss_sum)
-    with pytest.raises(ExerciseError, match="return a tensor"):
-        token_normalisation(lambda loss_sum, micro, total, k: loss_sum.item() / total)
 
 
-def test_uneven_weights(capsys):
+MEAN_OF_MEANS = "this is a mean of micro-batch means"
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda loss_sum, micro, total, k: loss_sum / total / k, "3 times too small"),
+    (lambda loss_sum, micro, total, k: loss_sum / total * k, "3 times too large"),
+    (lambda loss_sum, micro, total, k: loss_sum / micro / k, MEAN_OF_MEANS),
+    (lambda loss_sum, micro, total, k: loss_sum / micro, "each micro-batch is a mean over its "
+                                                         "own tokens, and the means are added"),
+    (lambda loss_sum, micro, total, k: loss_sum, "points the right way but is"),
+    (lambda loss_sum, micro, total, k: loss_sum / k, "points the right way but is"),
+    (lambda loss_sum, micro, total, k: loss_sum.item() / total, "the plain number"),
+    (lambda loss_sum, micro, total, k: loss_sum.detach() / total, "cut off from the model"),
+    (lambda loss_sum, micro, total, k: accumulation.scale_by_global_tokens(loss_sum, total),
+     "calls accumulation.scale_by_global_tokens"),
+    (lambda loss_sum, micro, total, k: loss_sum / (total + micro), "not the big batch's gradient"),
+])
+def test_token_normalisation_wrong_answers(wrong, hint):
+    shown = hint_of(token_normalisation, wrong)
+    assert hint in shown
+    assert hint == MEAN_OF_MEANS or MEAN_OF_MEANS not in shown  # only the mistake it made
+
+
+def test_uneven_weights_reference(capsys):
     uneven_weights(lambda sizes: [n / sum(sizes) for n in sizes])
-    assert capsys.readouterr().out == "Exercise 3.3: correct.\n"
-    with pytest.raises(ExerciseError, match="only when all micro-batches are the same size"):
-        uneven_weights(lambda sizes: [1 / len(sizes)] * len(sizes))
-    with pytest.raises(ExerciseError, match="add up to"):
-        uneven_weights(lambda sizes: [n / max(sizes) for n in sizes])
-    with pytest.raises(ExerciseError, match="one weight per micro-batch"):
-        uneven_weights(lambda sizes: [1.0])
+    uneven_weights(lambda sizes: torch.tensor(sizes) / sum(sizes))  # a tensor of weights is fine
+    assert capsys.readouterr().out == "Exercise 3.3: correct.\n" * 2
+
+
+EQUAL = "every micro-batch gets the same weight"
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda sizes: [1 / len(sizes)] * len(sizes), EQUAL),
+    (lambda sizes: [n / max(sizes) for n in sizes], "your weights add up to 2.5"),
+    (lambda sizes: [n // sum(sizes) for n in sizes], "your weights are all 0"),
+    (lambda sizes: [n / sum(sizes) for n in reversed(sizes)], "do not follow the sizes"),
+    (lambda sizes: [1.0], "return one weight per micro-batch (3), not 1"),
+    (lambda sizes: {n: n / sum(sizes) for n in sizes}, "return a list of weights, one number "
+                                                       "per micro-batch; your code returned a "
+                                                       "dict"),
+    (lambda sizes: [[n / sum(sizes)] for n in sizes], "each weight should be one number; for "
+                                                      "sizes [4, 4, 2] your list holds a list"),
+])
+def test_uneven_weights_wrong_answers(wrong, hint):
+    shown = hint_of(uneven_weights, wrong)
+    assert hint in shown
+    assert "n_j / N" not in shown and "sum(sizes)" not in shown  # no formula given away
+    assert hint == EQUAL or EQUAL not in shown
 
 
 def test_not_done_yet(capsys):
@@ -63,3 +117,8 @@ def test_not_done_yet(capsys):
     token_normalisation(hole)
     uneven_weights(hole)
     assert capsys.readouterr().out.count("not done yet") == 3
+
+
+@pytest.mark.parametrize("exercise_id", ["3.1", "3.2", "3.3"])
+def test_second_hints(exercise_id):
+    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

@@ -1,9 +1,13 @@
-"""Exercise checkers of notebook 04 against the reference answers and realistic wrong ones."""
+"""Notebook 04's checkers: the reference answers pass; realistic wrong answers (of the wrong
+kind, calling the course's replicas.* that the notebook uses, summing, interleaving, a late or
+wasted warmup step) get the hint that names their mistake, in a short report without checker
+code."""
 
 import pytest
 import torch
+from check_reports import hint_of
 
-from course_lib.check.core import ExerciseError
+from course_lib.check import hints
 from course_lib.check.nb04 import average_gradients, shard, warmup
 from course_lib.lessons import replicas
 
@@ -12,58 +16,111 @@ def by_parameter(replica_list):
     return zip(*(r.parameters() for r in replica_list), strict=True)
 
 
-def test_average_gradients(capsys):
-    average_gradients(replicas.average_gradients)
+def right_average(replica_list):
+    for params in by_parameter(replica_list):
+        mean = torch.stack([p.grad for p in params]).mean(dim=0)
+        for p in params:
+            p.grad.copy_(mean)
+
+
+def summed(replica_list):
+    for params in by_parameter(replica_list):
+        total = torch.stack([p.grad for p in params]).sum(dim=0)
+        for p in params:
+            p.grad.copy_(total)
+
+
+def only_rank_0(replica_list):
+    for params in by_parameter(replica_list):
+        params[0].grad.copy_(torch.stack([p.grad for p in params]).mean(dim=0))
+
+
+def each_its_own_order(replica_list):  # every replica sums in a different order
+    for params in by_parameter(replica_list):
+        grads = [p.grad.clone() for p in params]
+        for rank, p in enumerate(params):
+            order = grads[rank:] + grads[:rank]
+            total = order[0] * 1.0000001
+            for g in order[1:]:
+                total = total + g
+            p.grad.copy_(total / len(grads))
+
+
+def returns_the_means(replica_list):  # computes the means but does not write them back
+    return [torch.stack([p.grad for p in params]).mean(dim=0)
+            for params in by_parameter(replica_list)]
+
+
+def test_average_gradients_reference(capsys):
+    average_gradients(right_average)
     assert capsys.readouterr().out == "Exercise 4.1: correct.\n"
 
-    def summed(replica_list):
-        for params in by_parameter(replica_list):
-            total = torch.stack([p.grad for p in params]).sum(dim=0)
-            for p in params:
-                p.grad.copy_(total)
 
-    def only_rank_0(replica_list):
-        for params in by_parameter(replica_list):
-            params[0].grad.copy_(torch.stack([p.grad for p in params]).mean(dim=0))
-
-    def each_its_own_order(replica_list):  # every replica sums in a different order
-        for params in by_parameter(replica_list):
-            grads = [p.grad.clone() for p in params]
-            for rank, p in enumerate(params):
-                order = grads[rank:] + grads[:rank]
-                total = order[0] * 1.0000001
-                for g in order[1:]:
-                    total = total + g
-                p.grad.copy_(total / len(grads))
-
-    with pytest.raises(ExerciseError, match="divide by the number of replicas"):
-        average_gradients(summed)
-    with pytest.raises(ExerciseError, match="replica 1 does not hold the mean"):
-        average_gradients(only_rank_0)
-    with pytest.raises(ExerciseError, match="bitwise"):
-        average_gradients(each_its_own_order)
+@pytest.mark.parametrize("wrong, hint", [
+    (summed, "replica 0 holds the sum of the gradients, not their mean"),
+    (only_rank_0, "replica 1 does not hold the mean gradient"),
+    (each_its_own_order, "close but not bitwise equal"),
+    (returns_the_means, "change the replicas' .grad in place"),
+    (replicas.average_gradients, "calls replicas.average_gradients, the course's own version"),
+])
+def test_average_gradients_wrong_answers(wrong, hint):
+    assert hint in hint_of(average_gradients, wrong)
 
 
-def test_shard(capsys):
-    shard(replicas.shard)
-    assert "Exercise 4.2: correct." in capsys.readouterr().out
-    with pytest.raises(ExerciseError, match="interleaves"):
-        shard(lambda x, rank, world: x[rank::world])
-    with pytest.raises(ExerciseError, match="raise ValueError"):
-        shard(lambda x, rank, world: x[rank * (len(x) // world):(rank + 1) * (len(x) // world)])
-    with pytest.raises(ExerciseError, match="each row once"):
-        shard(lambda x, rank, world: x[rank:rank + len(x) // world])  # overlapping windows
+def right_shard(x, rank, world):
+    rows, left = divmod(len(x), world)
+    if left:
+        raise ValueError(f"{len(x)} rows do not split over {world} ranks")
+    return x[rank * rows:(rank + 1) * rows]
 
 
-def test_warmup(capsys):
-    warmup(replicas.warmup_lr)
-    assert "Exercise 4.3: correct." in capsys.readouterr().out
-    with pytest.raises(ExerciseError, match="wasted step"):
-        warmup(lambda step, peak, warm: peak * min(1.0, step / warm))
-    with pytest.raises(ExerciseError, match="past the peak"):
-        warmup(lambda step, peak, warm: peak * (step + 1) / warm)
-    with pytest.raises(ExerciseError, match="expected"):
-        warmup(lambda step, peak, warm: peak * min(1.0, (step + 1) / (warm + 1)))
+def test_shard_reference(capsys):
+    shard(right_shard)
+    assert capsys.readouterr().out == "Exercise 4.2: correct.\n"
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda x, rank, world: x[rank::world], "not every world_size-th row"),
+    (lambda x, rank, world: x[rank * (len(x) // world):(rank + 1) * (len(x) // world)],
+     "raise ValueError (and say which world sizes would work)"),
+    (lambda x, rank, world: x.chunk(world)[rank], "instead of dropping or repeating rows"),
+    (lambda x, rank, world: x[rank:rank + len(x) // world], "each row once"),
+    (lambda x, rank, world: x[rank * 2:(rank + 1) * 2], "yours hold [2]"),
+    (lambda x, rank, world: right_shard(x, rank, world).tolist(),
+     "return the rank's rows as a tensor (a slice of x); your code returned a list"),
+    (replicas.shard, "calls replicas.shard, the course's own version"),
+])
+def test_shard_wrong_answers(wrong, hint):
+    assert hint in hint_of(shard, wrong)
+
+
+def test_warmup_reference(capsys):
+    warmup(lambda step, peak, warm: peak * min(1.0, (step + 1) / warm))
+    assert capsys.readouterr().out == "Exercise 4.3: correct.\n"
+
+
+def as_library(step, peak_lr, warmup_steps):
+    return replicas.warmup_lr(step, peak_lr, warmup_steps)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda step, peak, warm: peak * min(1.0, step / warm), "step 0 gets learning rate 0, a "
+                                                            "wasted step"),
+    (lambda step, peak, warm: peak * (step + 1) / warm, "the rate goes past the peak"),
+    (lambda step, peak, warm: peak * min(1.0, (step + 1) / (warm + 1)),
+     "at step 3, the last warmup step, your rate is 0.32, not yet the peak"),
+    (lambda step, peak, warm: peak * min(1.0, ((step + 1) / warm) ** 2),
+     "the ramp does not rise by equal steps"),
+    (lambda step, peak, warm: [peak * min(1.0, (s + 1) / warm) for s in range(step + 1)],
+     "return the learning rate of that one step, a number; your code returned a list"),
+    (lambda step, peak, warm: f"{peak * min(1.0, (step + 1) / warm):.3f}",
+     "a number; your code returned the str"),
+    (as_library, "calls replicas.warmup_lr, the course's own version"),
+])
+def test_warmup_wrong_answers(wrong, hint):
+    shown = hint_of(warmup, wrong)
+    assert hint in shown
+    assert "(step + 1)" not in shown and "min(" not in shown  # no formula given away
 
 
 def test_not_done_yet(capsys):
@@ -73,5 +130,9 @@ def test_not_done_yet(capsys):
     average_gradients(hole)
     shard(hole)
     warmup(hole)
-    out = capsys.readouterr().out
-    assert out.count("not done yet") == 3
+    assert capsys.readouterr().out.count("not done yet") == 3
+
+
+@pytest.mark.parametrize("exercise_id", ["4.1", "4.2", "4.3"])
+def test_second_hints(exercise_id):
+    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

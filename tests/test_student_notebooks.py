@@ -36,8 +36,6 @@ import student_copies  # noqa: E402
 
 # notebook -> {"open" | "answered": {cell: the missing name it stops on}}; the notebook's cells
 NEEDS_EARLIER_CELLS: dict[str, dict[str, dict[int, str]]] = {
-    # launch and LaunchError are imported in cell 8 (section 3), not in the setup cell
-    "00_start_here": {"answered": {18: "launch", 20: "LaunchError"}},
     # cell 31 times the learner's exposed_ms on `rows`, the results of cell 7 (section 4)
     "08_bucketing_and_overlap": {"open": {31: "rows"}, "answered": {31: "rows"}},
 }

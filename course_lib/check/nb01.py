@@ -6,7 +6,9 @@ import math
 
 import torch
 
+from course_lib.check.answers import expect_type
 from course_lib.check.core import exercise, expect
+from course_lib.check.own_work import call_own
 from course_lib.lessons import gradients
 from course_lib.tasks import toy
 
@@ -17,61 +19,91 @@ _CASES = [
     (math.exp, math.exp, -0.4),
     (lambda x: 1 / (1 + math.exp(-x)), lambda x: math.exp(-x) / (1 + math.exp(-x)) ** 2, 2.0),
 ]
+NUMBER = (float, int)
+AUTOGRAD = [torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward]
 
 
-@exercise("1.1")
+@exercise("1.1", second_hint="Evaluate f a small step eps to the right of x and the same step "
+                             "to the left. The difference of the two values, over the "
+                             "distance between the two points, is the slope; the errors of "
+                             "the two sides cancel to first order.")
 def central_difference(my_central_difference) -> None:
     """``my_central_difference(f, x, eps)`` must approximate f'(x) to O(eps^2)."""
+    eps = 1e-4
     for f, exact, x in _CASES:
-        got = my_central_difference(f, x, 1e-4)
-        expect(isinstance(got, (float, int)) or torch.is_tensor(got),
-               f"return a number, not {type(got).__name__}")
-        got = float(got)
+        got = call_own(my_central_difference, f, x, eps, library=[gradients.finite_difference])
+        if torch.is_tensor(got) and got.numel() == 1:
+            got = got.item()
+        expect_type(got, NUMBER, "return one number, the estimate of f'(x)")
         want = exact(x)
-        expect(abs(got - 2 * want) > 1e-3 * abs(want) or abs(want) < 1e-9,
-               "your result is twice the derivative: divide by 2 * eps, the distance between "
-               "the two points")
+        near = abs(want) * 1e-3  # room for an O(eps) error, not for a wrong formula
+        expect(abs(got - 2 * want) > near, "your result is twice the slope: look at how far "
+                                           "apart the two points you compare are")
+        expect(abs(got + want) > near, "your result has the wrong sign: the later point's "
+                                       "value comes first in the difference")
+        one_sided = ((f(x + eps) - f(x)) / eps, (f(x) - f(x - eps)) / eps)  # error O(eps)
+        expect(min(abs(got - s) for s in one_sided) > 1e-12,
+               "this is a one-sided difference: its error shrinks only like eps. Use points "
+               "on both sides of x, so that the first-order errors cancel")
         expect(abs(got - want) <= 1e-7 * max(1.0, abs(want)),
-               f"at x={x} you return {got:.8f} but the derivative is {want:.8f}. Use both sides: "
-               "(f(x + eps) - f(x - eps)) / (2 * eps); a one-sided difference is only O(eps)")
+               f"at x={x} you return {got:.8f} but the derivative is {want:.8f}: compare the "
+               "function's values at two points placed evenly around x")
 
 
-@exercise("1.2")
+@exercise("1.2", second_hint="The loss of one example is a function of its logit x_i . w. "
+                             "Its derivative with respect to the logit is the prediction "
+                             "minus the label; the chain rule then multiplies by x_i. The "
+                             "loss is a mean: average these vectors over the n examples "
+                             "(one matrix product does it for all of them).")
 def logistic_gradient(my_logistic_grad) -> None:
     """``my_logistic_grad(w, x, y)``: the hand-derived gradient of the mean logistic loss."""
     for n, seed in ((50, 0), (7, 1)):
         x, y = toy.two_blobs(n, seed=seed, dtype=torch.float64)
         w = torch.tensor([0.3, -0.8], dtype=torch.float64, requires_grad=True)
         (want,) = torch.autograd.grad(gradients.logistic_loss(w, x, y), [w])
-        got = my_logistic_grad(w.detach().clone(), x, y)
-        expect(torch.is_tensor(got) and got.shape == want.shape,
-               f"return a tensor of shape {tuple(want.shape)} (one entry per weight)")
+        got = call_own(my_logistic_grad, w.detach().clone(), x, y,
+                       library=[gradients.logistic_grad_by_hand, *AUTOGRAD],
+                       hint="your code asks autograd (or the course's version) for the "
+                            "gradient: the exercise is to write it from the formula you "
+                            "derive by hand, with plain tensor operations")
+        expect_type(got, torch.Tensor, "return a tensor with one entry per weight")
+        expect(got.shape == want.shape,
+               f"return a tensor of shape {tuple(want.shape)} (one entry per weight), not "
+               f"{tuple(got.shape)}")
         got = got.detach().double()
-        expect(not torch.allclose(got, -want, rtol=1e-6), "the sign is flipped: the error term is "
-               "sigmoid(x @ w) - y, prediction minus label")
+        expect(not torch.allclose(got, -want, rtol=1e-6),
+               "the sign is flipped: check the order in the error term, prediction against label")
         expect(not torch.allclose(got, want * n, rtol=1e-6),
-               f"your gradient is {n} times too large: the loss is a mean, divide by n")
+               f"your gradient is {n} times too large: the loss is a mean over the examples")
         expect(torch.allclose(got, want, rtol=1e-9, atol=1e-12),
-               "not the gradient of the mean logistic loss: compare each step with "
-               "X^T (sigmoid(X w) - y) / n")
+               "not the gradient of the mean logistic loss: check each factor of the chain "
+               "rule (the sigmoid's derivative, the logit's derivative in w) and the mean")
 
 
-@exercise("1.3")
+@exercise("1.3", second_hint="Loop over i. In each pass: clear every parameter's .grad, run "
+                             "the model and the loss on the slice x[i:i+1], y[i:i+1] (a batch "
+                             "of one keeps the shapes the model expects), call backward, then "
+                             "flatten each p.grad and concatenate them into one row. Stack "
+                             "the rows.")
 def per_example(my_per_example_grads) -> None:
     """``my_per_example_grads(model, x, y)``: a (B, P) tensor, one gradient per example."""
     model = toy.make_mlp(hidden=8, seed=3, dtype=torch.float64)  # small for speed
     x, y = toy.two_moons(6, seed=2, dtype=torch.float64)
     want = gradients.per_example_grads_loop(model, x, y)
     model.zero_grad(set_to_none=True)
-    got = my_per_example_grads(model, x, y)
-    expect(torch.is_tensor(got) and got.shape == want.shape,
-           f"return one flat gradient per example: a tensor of shape {tuple(want.shape)}")
+    got = call_own(my_per_example_grads, model, x, y,
+                   library=[gradients.per_example_grads_loop, gradients.per_example_grads])
+    expect_type(got, torch.Tensor, f"return one tensor of shape {tuple(want.shape)}: one row "
+                                   "per example (stack the rows)")
+    expect(got.shape == want.shape,
+           f"return one flat gradient per example: a tensor of shape {tuple(want.shape)}, "
+           f"not {tuple(got.shape)}")
     got = got.detach().double()
     expect(not torch.allclose(got, want.cumsum(0), rtol=1e-6),
-           "row i holds the sum of the gradients of examples 0..i: .grad accumulates, so zero "
-           "it (model.zero_grad()) before each example's backward")
+           "row i holds the sum of the gradients of examples 0..i: .grad keeps adding up "
+           "between backward calls unless you clear it")
     expect(not torch.allclose(got, want.mean(0).expand_as(want), rtol=1e-6),
-           "every row is the batch gradient: run backward on one example at a time, x[i:i+1]")
+           "every row is the whole batch's gradient: each backward should see one example")
     expect(torch.allclose(got, want, rtol=1e-8, atol=1e-10),
-           "some rows differ from the per-example gradients: for each i, zero the grads, "
-           "backward the loss of x[i:i+1], y[i:i+1], then flatten every p.grad")
+           "some rows differ from the per-example gradients: check that row i comes from "
+           "example i alone, with every parameter's gradient, in model.parameters() order")

@@ -6,11 +6,15 @@ import math
 
 import torch
 
-from course_lib.check.core import exercise, expect
+from course_lib.check.answers import expect_type
+from course_lib.check.core import LearnerCodeError, exercise, expect
+from course_lib.check.own_work import call_own
 from course_lib.lessons import memory
 from course_lib.tasks import toy
 
 _STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}  # optimizer state: copies of the params
+_COUNTING = [memory.memory_breakdown, memory.parameter_bytes, memory.gradient_bytes,
+             memory.optimizer_state_bytes, memory.tensor_bytes]  # the notebook's measurements
 
 
 def _measured_training_bytes(model, name: str) -> int:
@@ -26,7 +30,35 @@ def _measured_training_bytes(model, name: str) -> int:
     return measured["parameters"] + measured["gradients"] + measured["optimizer state"] - counters
 
 
-@exercise("2.1")
+def _training_bytes_hint(got: dict, want: dict, params: int, element: int) -> str:
+    """What a wrong count of training memory (``got``: optimizer name -> bytes) most likely
+    left out or added, judged on all three optimizers together."""
+    names = list(got)
+    if all(got[n] * element == want[n] for n in names):
+        return ("you count numbers, not bytes: each number takes several bytes, and a tensor "
+                "can tell you how many")
+    if element == 8 and all(got[n] * 2 == want[n] for n in names):
+        return ("this model is float64, 8 bytes a number: do not assume 4, ask each tensor "
+                "for its own element size")
+    if all(got[n] == want[n] - params for n in names):
+        return ("one copy of the parameters' size is missing for every optimizer. Besides the "
+                "parameters and the optimizer's state, what does backward leave beside each "
+                "parameter?")
+    name = next(n for n in names if got[n] != want[n])
+    copies, left = divmod(got[name] - 2 * params, params)
+    if got["sgd"] == want["sgd"] and left == 0 and copies >= 0:
+        return (f"{name}: you count {copies} cop{'y' if copies == 1 else 'ies'} of optimizer "
+                f"state beside the parameters and the gradients; how many numbers does "
+                f"{name} keep for each parameter?")
+    return (f"{name}, {params} bytes of parameters: {got[name]} bytes is not parameters + "
+            "gradients + optimizer state; count each of the three in bytes")
+
+
+@exercise("2.1", second_hint="Bytes of one tensor: its number of elements times its element "
+                             "size (both are methods of a tensor). Training keeps the "
+                             "parameters, one gradient per parameter, and the optimizer's "
+                             "state: plain SGD keeps nothing, momentum one buffer per "
+                             "parameter, Adam two (its two running averages).")
 def training_bytes(my_training_bytes) -> None:
     """``my_training_bytes(model, optimizer_name)``: parameters + gradients + optimizer state."""
     models = [toy.make_mlp(hidden=16, seed=0),
@@ -34,50 +66,53 @@ def training_bytes(my_training_bytes) -> None:
     for model in models:
         params = memory.parameter_bytes(model)
         element = next(model.parameters()).element_size()
-        for name, copies in _STATE_COPIES.items():
-            got = my_training_bytes(model, name)
-            want = _measured_training_bytes(model, name)
-            expect(isinstance(got, int), f"return a whole number of bytes, not {got!r}")
-            expect(got * element != want,
-                   "you count elements, not bytes: multiply by p.element_size() (4 for "
-                   "float32, 8 for float64)")
-            expect(element == 4 or got * element != want * 4,
-                   "this model is float64: 8 bytes a number. Do not assume 4; ask each tensor "
-                   "with p.element_size()")
-            expect(got != want - params,
-                   f"{name}: one copy of the parameters is missing. The gradients take as "
-                   f"much room as the parameters, and {name} keeps {copies} copies of its own")
-            expect(got == want,
-                   f"{name}, {params} bytes of parameters: expected {want} bytes, got {got}. "
-                   "Count parameters + gradients + optimizer state (SGD keeps none, momentum "
-                   "one copy, Adam two: the running mean and the running mean of squares)")
+        got, want = {}, {}
+        for name in _STATE_COPIES:
+            got[name] = call_own(my_training_bytes, model, name, library=_COUNTING,
+                                 hint="your code calls the notebook's memory functions: the "
+                                      "exercise is to count the bytes yourself, from the "
+                                      "parameters' sizes")
+            expect_type(got[name], int, "return a whole number of bytes (an int)")
+            want[name] = _measured_training_bytes(model, name)
+        if got != want:
+            expect(False, _training_bytes_hint(got, want, params, element))
 
 
-@exercise("2.2")
+@exercise("2.2", second_hint="Take the fixed memory away from the budget: what is left is for "
+                             "activations. Divided by the bytes of one example (rounded "
+                             "down), that is the largest micro-batch. The number of "
+                             "micro-steps is the global batch over that, rounded up; when the "
+                             "largest micro-batch is 0, raise ValueError.")
 def accumulation_plan(my_accum_steps) -> None:
     """``my_accum_steps(budget, fixed, per_example, global_batch)``: fewest micro-steps that fit."""
     cases = [(10_000, 2_000, 100, 64),  # room for 80 examples: 1 step
              (10_000, 5_000, 100, 230),  # 50 fit: 5 micro-steps (50, 50, 50, 50, 30)
              (10_000, 2_000, 100, 160),  # exactly 2 full micro-steps
              (5_050, 5_000, 10, 12)]  # 5 fit: 3 micro-steps
+    library = [memory.largest_batch_that_fits, memory.accumulation_steps_needed]
     for budget, fixed, per_example, global_batch in cases:
         largest = math.floor((budget - fixed) / per_example)
         want = math.ceil(global_batch / largest)
-        got = my_accum_steps(budget, fixed, per_example, global_batch)
+        got = call_own(my_accum_steps, budget, fixed, per_example, global_batch,
+                       library=library)
+        expect_type(got, int, "return a whole number of micro-steps (an int, rounded)")
+        case = (f"budget {budget}, fixed {fixed}, {per_example} per example, global batch "
+                f"{global_batch}")
         expect(got != math.ceil(global_batch / math.floor(budget / per_example)) or got == want,
-               "the fixed memory (parameters, gradients, optimizer state) comes first: only "
-               "budget - fixed is left for activations")
+               f"{case}: your plan leaves the fixed memory (parameters, gradients, optimizer "
+               "state) out; it is in use during every micro-step")
         expect(got != math.floor(global_batch / largest) or got == want,
-               f"budget {budget}, fixed {fixed}, {per_example} per example, global batch "
-               f"{global_batch}: round the number of micro-steps up, or the last examples "
+               f"{case}: you round the number of micro-steps down, so the last examples "
                "are left out")
-        expect(got == want, f"budget {budget}, fixed {fixed}, {per_example} per example, "
-                            f"global batch {global_batch}: expected {want} micro-steps, got {got}")
+        expect(got == want, f"{case}: {got} micro-steps is not the fewest that fit; find the "
+                            "largest micro-batch that fits first")
     try:
-        my_accum_steps(1_000, 2_000, 10, 64)
-    except ValueError:
-        return
-    except ZeroDivisionError:
-        pass
+        got = call_own(my_accum_steps, 1_000, 2_000, 10, 64, library=library)
+    except LearnerCodeError as raised:
+        if isinstance(raised.error, ValueError):
+            return  # what the exercise asks for
+        if not isinstance(raised.error, ZeroDivisionError):
+            raise
+        got = "a ZeroDivisionError"
     expect(False, "when not even one example fits (fixed memory above the budget), raise "
-                  "ValueError with a message that says so")
+                  f"ValueError with a message that says so; your code gave {got}")

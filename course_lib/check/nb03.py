@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.check.answers import call, describe, expect_tensor_with_grad, expect_type
 from course_lib.check.core import exercise, expect
+from course_lib.check.own_work import call_own
 from course_lib.core import accumulation
 from course_lib.lessons import gradients, pitfalls
 from course_lib.tasks import batching, models, sequences, toy
@@ -12,25 +14,46 @@ from course_lib.tasks import batching, models, sequences, toy
 TINY = models.TransformerConfig(d_model=16, n_layers=1)  # small for speed
 
 
-@exercise("3.1")
+def scale_of(got: torch.Tensor, want: torch.Tensor) -> float | None:
+    """c when ``got`` is c x ``want`` (to 1e-6); else None: a gradient off by a factor only."""
+    c = float(got.double() @ want.double() / (want.double() @ want.double()))
+    return c if gradients.relative_error(got, c * want) <= 1e-6 else None
+
+
+def times(c: float) -> str:
+    """``3 times too large`` or ``3 times too small`` for a factor c (3 or 1/3)."""
+    return f"{c:.3g} times too large" if c > 1 else f"{1 / c:.3g} times too small"
+
+
+@exercise("3.1", second_hint="Walk over the micro-batches in order (x.chunk gives them). For "
+                             "each: its mean loss, scaled so that the k scaled means add up "
+                             "to the mean over the whole batch, then backward. Do not clear "
+                             ".grad inside the loop: adding up is what you want.")
 def accumulate(my_accumulate) -> None:
     """``my_accumulate(model, x, y, accum_steps)`` leaves the big-batch gradient in ``.grad``."""
     model = toy.make_mlp(hidden=16, norm="layer", seed=1)
     x, y = toy.two_moons(24, seed=4)
     want = gradients.batch_grad(model, x, y)
+    library = [pitfalls.accumulate, pitfalls.accumulated_grad, accumulation.accumulation_step,
+               accumulation.scale_for_micro_steps]
     for k in (1, 3, 4):
+        last = gradients.batch_grad(model, x.chunk(k)[-1], y.chunk(k)[-1]) / k
         model.zero_grad(set_to_none=True)
-        my_accumulate(model, x, y, k)
+        call_own(my_accumulate, model, x, y, k, library=library)
         expect(all(p.grad is not None for p in model.parameters()),
-               "some parameters have no .grad: call backward on every micro-batch's loss")
+               "some parameters have no .grad: every micro-batch's loss needs a backward")
         got = gradients.flat_grad(model)
-        expect(not (k > 1 and torch.allclose(got, k * want, rtol=1e-4, atol=1e-6)),
-               f"with accum_steps={k} your gradient is {k} times too large: divide each "
-               "micro-batch's loss by accum_steps")
-        expect(gradients.relative_error(got, want) <= 1e-6,
-               f"with accum_steps={k} .grad is not the big batch's gradient: zero the grads "
-               "once, before the loop (not inside it), and backward every micro-batch's "
-               "loss / accum_steps, in order")
+        if gradients.relative_error(got, want) <= 1e-6:
+            continue
+        expect(k == 1 or gradients.relative_error(got, last) > 1e-5,
+               f"with accum_steps={k} only the last micro-batch's share is left in .grad: "
+               "something clears the gradients between micro-batches")
+        c = scale_of(got, want)
+        expect(c is None, f"with accum_steps={k} your gradient points the right way but is "
+                          f"{times(c or 1)}: the {k} micro-batch losses should add up to one "
+                          "mean over the batch, not to more or less than that")
+        expect(False, f"with accum_steps={k} .grad is not the big batch's gradient: backward "
+                      "each micro-batch's loss once, in order, and keep every share in .grad")
 
 
 def _micro_batches(accum_steps: int):
@@ -40,43 +63,91 @@ def _micro_batches(accum_steps: int):
     return batch, batching.micro_batches_of_rank(batch, 0, 1, accum_steps)
 
 
-@exercise("3.2")
+def _accumulated(model, parts, loss_of) -> torch.Tensor:
+    """The gradient left by backward of ``loss_of(loss_sum, part)`` for every micro-batch."""
+    model.zero_grad(set_to_none=True)
+    for part in parts:
+        loss_of(accumulation.sum_token_loss(model(part.inputs), part.targets), part).backward()
+    return gradients.flat_grad(model).clone()
+
+
+@exercise("3.2", second_hint="The big batch's loss is one mean: the sum of every scored token's "
+                             "loss over the number of scored tokens in the whole batch. Split "
+                             "the sum over the micro-batches: each micro-batch contributes its "
+                             "own token-loss sum over that same number. Which of the four "
+                             "arguments is that number?")
 def token_normalisation(my_micro_loss) -> None:
     """``my_micro_loss(loss_sum, micro_tokens, global_tokens, accum_steps)``: what to backward."""
     model = models.make_transformer(TINY, seed=0, dtype=torch.float64)
     batch, parts = _micro_batches(accum_steps=3)
-    global_tokens = batch.num_targets
+    global_tokens, k = batch.num_targets, len(parts)
     model.zero_grad(set_to_none=True)
     accumulation.big_batch_backward(model, batch)
     want = gradients.flat_grad(model).clone()
-    model.zero_grad(set_to_none=True)
-    for part in parts:
-        loss_sum = accumulation.sum_token_loss(model(part.inputs), part.targets)
-        loss = my_micro_loss(loss_sum, part.num_targets, global_tokens, len(parts))
-        expect(torch.is_tensor(loss) and loss.requires_grad,
-               "return a tensor computed from loss_sum, so that backward reaches the model")
-        loss.backward()
-    got = gradients.flat_grad(model)
-    k = len(parts)
-    expect(gradients.relative_error(got, k * want) > 0.25,
-           f"your gradient is about {k} times too large: the {k} micro-batch losses must add "
-           "up to ONE mean over all the batch's tokens. Divide by the global token count")
-    expect(gradients.relative_error(got, want) <= 1e-9,
-           "not the big batch's gradient. Dividing each micro-batch by its own token count (a "
-           "mean of micro-batch means) gives short micro-batches' tokens more weight: divide "
-           "loss_sum by global_tokens, the same number for every micro-batch")
+    own_means = _accumulated(model, parts, lambda s, part: s / part.num_targets)
+
+    def learners(loss_sum, part):
+        loss = call_own(my_micro_loss, loss_sum, part.num_targets, global_tokens, k,
+                        library=[accumulation.scale_by_global_tokens,
+                                 accumulation.mean_of_micro_means])
+        expect_tensor_with_grad(loss, "return the loss to call backward on, computed from "
+                                      "loss_sum")
+        expect(loss.dim() == 0, "return one number (a 0-dim tensor), not a tensor of shape "
+                                f"{tuple(loss.shape)}")
+        return loss
+
+    got = _accumulated(model, parts, learners)
+    if gradients.relative_error(got, want) <= 1e-9:
+        return
+    c = scale_of(got, want)
+    expect(c is None or abs(c - k) > 1e-6,
+           f"your gradient is {k} times too large: the {k} losses you backward should add up "
+           "to ONE mean over all the batch's scored tokens, not to several")
+    expect(c is None or abs(c - 1 / k) > 1e-6,
+           f"your gradient is {k} times too small: your denominator already covers every "
+           "token of the batch, so nothing more needs dividing")
+    expect(c is None, f"your gradient points the right way but is {times(c or 1)}: the losses "
+                      "you backward should add up to the mean over all the batch's scored "
+                      "tokens")
+    expect(gradients.relative_error(got, own_means / k) > 1e-9,
+           "this is a mean of micro-batch means: each micro-batch divides by its own token "
+           "count, so a token in a short micro-batch weighs more than one in a long one. "
+           "Every token of the batch should weigh the same")
+    expect(gradients.relative_error(got, own_means) > 1e-9,
+           "each micro-batch is a mean over its own tokens, and the means are added up: "
+           "too large, and a token in a short micro-batch weighs more than one in a long "
+           "one. Every token of the batch should weigh the same")
+    expect(False, "not the big batch's gradient: every scored token of the batch should weigh "
+                  "the same in the sum of your losses")
 
 
-@exercise("3.3")
+@exercise("3.3", second_hint="The batch's mean loss is the sum over all N examples, over N. A "
+                             "micro-batch's mean is the sum over its own n_j examples, over "
+                             "n_j. So to turn micro-batch j's mean back into its part of the "
+                             "batch's mean, multiply it by how big a part of the batch it is.")
 def uneven_weights(my_weights) -> None:
     """``my_weights(sizes)``: the factor for each micro-batch's mean loss, e.g. [4, 4, 2]."""
     for sizes in ([4, 4, 2], [8], [5, 5, 5, 1], [3, 3]):
-        got = [float(w) for w in my_weights(list(sizes))]
+        got = call(my_weights, list(sizes))
+        if torch.is_tensor(got) and got.dim() == 1:
+            got = got.tolist()
+        expect_type(got, (list, tuple), "return a list of weights, one number per micro-batch")
+        expect(len(got) == len(sizes), f"for sizes {sizes} return one weight per micro-batch "
+                                       f"({len(sizes)}), not {len(got)}")
+        got = [w.item() if torch.is_tensor(w) and w.numel() == 1 else w for w in got]
+        odd = [w for w in got if not isinstance(w, (int, float)) or isinstance(w, bool)]
+        expect(not odd, f"each weight should be one number; for sizes {sizes} your list "
+                        f"holds {describe(odd[0]) if odd else ''}")
+        got = [float(w) for w in got]
         want = [s / sum(sizes) for s in sizes]
-        expect(len(got) == len(sizes), f"return one weight per micro-batch ({len(sizes)})")
-        expect(abs(sum(got) - 1) < 1e-12, f"for sizes {sizes} the weights add up to "
-                                          f"{sum(got):.4g}; weights of a mean add up to 1")
-        expect(all(abs(g - w) < 1e-12 for g, w in zip(got, want, strict=True)),
-               f"for sizes {sizes} expected {[round(w, 4) for w in want]}: 1 / k is right "
-               "only when all micro-batches are the same size; weigh each by its share of "
-               "the examples, n_j / N")
+        if all(abs(g - w) < 1e-6 for g, w in zip(got, want, strict=True)):  # float32 is fine
+            continue
+        expect(any(got), f"for sizes {sizes} your weights are all 0: integer division (//) "
+                         "rounds a fraction down to 0")
+        expect(abs(sum(got) - 1) < 1e-6, f"for sizes {sizes} your weights add up to "
+                                         f"{sum(got):.4g}; the weights of a mean add up to 1")
+        expect(len(set(sizes)) == 1 or len(set(got)) > 1,
+               f"for sizes {sizes} every micro-batch gets the same weight: right only when all "
+               "micro-batches are the same size; a smaller one should count for less")
+        expect(False, f"for sizes {sizes} your weights add up to 1 but do not follow the sizes: "
+                      "a micro-batch's weight should grow with the examples it holds")

@@ -7,7 +7,9 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from course_lib.check.core import exercise, expect
+from course_lib.check.answers import expect_type
+from course_lib.check.core import LearnerCodeError, exercise, expect
+from course_lib.check.own_work import call_own
 from course_lib.lessons import replicas
 from course_lib.tasks import toy
 
@@ -31,61 +33,99 @@ def _all_close(got, want) -> bool:
     return all(torch.allclose(g, w, rtol=1e-5, atol=1e-7) for g, w in zip(got, want, strict=True))
 
 
-@exercise("4.1")
+@exercise("4.1", second_hint="zip(*(r.parameters() for r in replica_list)) walks over the "
+                             "parameters, giving the same parameter of every replica "
+                             "together. For each such group: stack their .grad, take the "
+                             "mean over the replicas once, and copy that one tensor into each "
+                             "p.grad (in place).")
 def average_gradients(my_average_gradients) -> None:
     """``my_average_gradients(replicas)``: every replica's .grad becomes the mean, in place."""
     ours = _replicas_with_own_grads(world_size=3)
     want = [torch.stack(grads).mean(dim=0)
             for grads in zip(*(_grads(r) for r in ours), strict=True)]
-    result = my_average_gradients(ours)
+    result = call_own(my_average_gradients, ours, library=[replicas.average_gradients])
     expect(result is None or result is ours,
            "change the replicas' .grad in place; there is nothing to return")
     expect(not _all_close(_grads(ours[0]), [3 * w for w in want]),
-           "replica 0 holds the sum of the gradients: divide by the number of replicas")
+           "replica 0 holds the sum of the gradients, not their mean")
     for rank, replica in enumerate(ours):
+        expect(all(torch.is_tensor(g) for g in _grads(replica)),
+               f"replica {rank} has parameters without .grad: give every one the mean")
         expect(_all_close(_grads(replica), want),
-               f"replica {rank} does not hold the mean gradient: write the mean into every "
-               "replica's p.grad (p.grad.copy_(mean))")
+               f"replica {rank} does not hold the mean gradient: every replica, not only "
+               "one, should end with the mean of that parameter's gradients")
     expect(all(torch.equal(a, b) for r in ours[1:]
                for a, b in zip(_grads(ours[0]), _grads(r), strict=True)),
            "the replicas' gradients are close but not bitwise equal: compute the mean once "
-           "and copy that one tensor into every replica")
+           "and give every replica that same result")
 
 
-@exercise("4.2")
+@exercise("4.2", second_hint="With B rows and world_size ranks, each rank owns B // "
+                             "world_size rows, one block after the other: rank 0 the first "
+                             "block, rank 1 the next. Slice x from the first row of rank's "
+                             "block to the first row of the next block. Check B % world_size "
+                             "first and raise ValueError when it is not 0.")
 def shard(my_shard) -> None:
     """``my_shard(x, rank, world_size)``: rank's contiguous block of rows; ValueError if uneven."""
     x = torch.arange(24).reshape(12, 2)  # (12, 2): row i is [2i, 2i + 1]
     for world_size in (1, 2, 3, 4, 6):
-        parts = [my_shard(x, rank, world_size) for rank in range(world_size)]
-        expect(all(torch.is_tensor(p) and p.shape == (12 // world_size, 2) for p in parts),
-               f"with {world_size} ranks each shard has 12 / {world_size} = "
-               f"{12 // world_size} rows")
+        parts = [call_own(my_shard, x, rank, world_size, library=[replicas.shard])
+                 for rank in range(world_size)]
+        for part in parts:
+            expect_type(part, torch.Tensor, "return the rank's rows as a tensor (a slice of x)")
+        expect(all(p.shape == (12 // world_size, 2) for p in parts),
+               f"with {world_size} ranks and 12 rows, each shard should hold an equal share "
+               f"of the rows; yours hold {[p.shape[0] for p in parts]}")
         together = torch.cat(parts)  # (12, 2) when the shard sizes are right
         same_rows = torch.equal(together[together[:, 0].argsort()], x)  # x, in any row order
         expect(torch.equal(together, x) or not same_rows,
-               "your shards cover every row but not as contiguous blocks: rank r takes rows "
-               "r * B / world_size up to (r + 1) * B / world_size (x[r::world_size] interleaves)")
+               "your shards cover every row but not as contiguous blocks: each rank should "
+               "own one run of neighbouring rows, not every world_size-th row")
         expect(torch.equal(together, x),
                "the shards, in rank order, should give back the whole batch, each row once")
     try:
-        my_shard(torch.zeros(10, 2), 0, 4)
-    except ValueError:
-        return
+        call_own(my_shard, torch.zeros(10, 2), 0, 4, library=[replicas.shard])
+    except LearnerCodeError as raised:
+        if isinstance(raised.error, ValueError):
+            return  # what the exercise asks for
+        raise
     expect(False, "10 rows do not split into 4 equal shards: raise ValueError (and say which "
                   "world sizes would work) instead of dropping or repeating rows")
 
 
-@exercise("4.3")
+def _warmup_hint(got: list[float], peak: float, warm: int) -> str:
+    """What is off in a warmup schedule ``got`` (steps 0 .. warm + 2)."""
+    where = f"peak {peak}, {warm} warmup steps"
+    if got[0] <= 0:
+        return (f"{where}: step 0 gets learning rate {got[0]:.4g}, a wasted step; the first "
+                "step should already be one step up the ramp")
+    if max(got) > peak * (1 + 1e-12):
+        return f"{where}: the rate goes past the peak; after the warmup it stays at the peak"
+    if abs(got[warm - 1] - peak) > 1e-12 * peak:
+        return (f"{where}: at step {warm - 1}, the last warmup step, your rate is "
+                f"{got[warm - 1]:.4g}, not yet the peak; the ramp should end there")
+    rises = [b - a for a, b in zip(got[:warm - 1], got[1:warm], strict=True)]
+    if any(abs(r - got[0]) > 1e-12 * peak for r in rises):
+        return (f"{where}: the ramp does not rise by equal steps, each as big as the rate "
+                "of step 0")
+    return f"{where}: after the warmup the rate should stay at the peak"
+
+
+@exercise("4.3", second_hint="During the warmup the rate is peak_lr times a fraction that "
+                             "grows by 1 / warmup_steps each step, starting at 1 / "
+                             "warmup_steps for step 0 (count steps from 1 for the fraction). "
+                             "Cap the fraction at 1, so the rate stays at the peak afterwards.")
 def warmup(my_warmup_lr) -> None:
     """``my_warmup_lr(step, peak_lr, warmup_steps)``: linear ramp to the peak, then the peak."""
     for peak, warm in ((0.4, 4), (1.0, 10), (0.1, 1)):
-        got = [float(my_warmup_lr(step, peak, warm)) for step in range(warm + 3)]
-        want = [replicas.warmup_lr(step, peak, warm) for step in range(warm + 3)]
-        expect(got[0] > 0, "step 0 gets learning rate 0, a wasted step: use (step + 1) / "
-                           "warmup_steps")
-        expect(max(got) <= peak * (1 + 1e-12), f"the rate goes past the peak {peak}: after the "
-                                               "warmup it stays at the peak")
+        got = []
+        for step in range(warm + 3):
+            rate = call_own(my_warmup_lr, step, peak, warm, library=[replicas.warmup_lr])
+            if torch.is_tensor(rate) and rate.numel() == 1:
+                rate = rate.item()
+            expect_type(rate, (float, int), "return the learning rate of that one step, a "
+                                            "number")
+            got.append(float(rate))
+        want = [peak * min(1.0, (step + 1) / warm) for step in range(warm + 3)]
         expect(all(abs(a - b) <= 1e-12 * peak for a, b in zip(got, want, strict=True)),
-               f"peak {peak}, {warm} warmup steps: expected {[round(v, 4) for v in want]}, "
-               f"got {[round(v, 4) for v in got]}")
+               _warmup_hint(got, peak, warm))

@@ -1,0 +1,54 @@
+"""Did the learner write it, or call the course's own version? For exercises whose point is to
+write something the notebook also uses from ``course_lib`` (``replicas.warmup_lr``, ...).
+
+    got = call_own(my_warmup_lr, 0, 0.4, 4, library=[replicas.warmup_lr])
+
+runs the learner's function like ``answers.call`` and fails with a hint if, while it ran, one
+of the ``library`` functions ran too, however it was imported or renamed (the check looks at
+the code each call enters, not at names).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, Iterable
+
+from course_lib.check.answers import call
+from course_lib.check.core import ExerciseError
+
+
+def short_name(function: Callable) -> str:
+    """``replicas.warmup_lr`` for ``course_lib.lessons.replicas.warmup_lr``."""
+    return f"{function.__module__.rsplit('.', 1)[-1]}.{function.__qualname__}"
+
+
+@contextlib.contextmanager
+def watching(functions: Iterable[Callable]):
+    """Inside the block, note each of ``functions`` that is entered (a list, in order)."""
+    codes = {f.__code__: f for f in functions}
+    entered: list[Callable] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            entered.append(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield entered
+    finally:
+        sys.setprofile(previous)
+
+
+def call_own(function: Callable, *args, library: Iterable[Callable], hint: str | None = None,
+             **kwargs):
+    """``call(function, *args, **kwargs)``; ``ExerciseError(hint)`` if it ran a ``library``
+    function. The default hint names the function and asks for the learner's own code."""
+    with watching(library) as entered:
+        result = call(function, *args, **kwargs)
+    if entered:
+        raise ExerciseError(hint or f"your code calls {short_name(entered[0])}, the course's "
+                                    "own version: the exercise is to write it yourself, so "
+                                    "leave that function out and work it out in your code")
+    return result

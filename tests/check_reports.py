@@ -1,0 +1,56 @@
+"""What a learner sees when an exercise checker rejects an answer (for tests/test_check_nb*.py).
+
+    lines = report_of(nb03.uneven_weights, lambda sizes: [1] * len(sizes))
+
+runs the checker on the answer, expects it to fail, and returns the lines IPython would show
+(colours removed), after asserting that there are at most ``report.MAX_LINES`` of them and
+that none holds a line of the checkers' code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from course_lib.check import answers, core, own_work, report
+from course_lib.check.core import ExerciseError
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SHARED = [core, report, answers, own_work]
+
+
+def rendered(error: BaseException) -> list[str]:
+    """The lines IPython shows for ``error``, colours removed."""
+    return [ANSI.sub("", line) for line in error._render_traceback_()]
+
+
+def code_lines(module) -> set[str]:
+    """Every line of code (stripped, longer than 12 characters) of a module's file."""
+    lines = Path(inspect.getfile(module)).read_text().split("\n")
+    return {line.strip() for line in lines
+            if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
+
+
+def report_of(checker, *answer) -> list[str]:
+    """The report ``checker(*answer)`` shows; asserts it is short and free of checker code."""
+    with pytest.raises(ExerciseError) as caught:
+        checker(*answer)
+    lines = rendered(caught.value)
+    assert 1 < len(lines) <= report.MAX_LINES, lines
+    shown = "\n".join(lines)
+    module = inspect.getmodule(inspect.unwrap(checker))
+    leaked = [line for m in [module, *SHARED] for line in code_lines(m) if line in shown]
+    assert not leaked, f"checker code in the report: {leaked}"
+    return lines
+
+
+def hint_of(checker, *answer) -> str:
+    """The report of a wrong answer as one line of text: its lines joined by spaces, except
+    after a line that ends in a hyphen (the report wraps "micro-batch" there)."""
+    text = ""
+    for line in report_of(checker, *answer):
+        text += line if not text or text.endswith("-") else " " + line
+    return text
