@@ -189,7 +189,7 @@ def test_hint_finds_a_notebooks_module_and_explains_unknown_ids():
                                             "notebook 03 are: 3.1, 3.2, 3.3.")
     assert check.hints.hint_text("42.1") == "There is no exercise 42.1: notebook 42 has none."
     assert "not an exercise number" in check.hints.hint_text("three")
-    assert check.hints.hint_text("06.2").startswith("Exercise 6.2 has no second hint")
+    assert check.hints.hint_text("06.2").startswith("Exercise 6.2, a stronger hint: ")
 
 
 def test_needs_outside_ipython():

@@ -13,13 +13,16 @@ import pytest  # noqa: E402
 from course_lib.core.collectives import chunk_bounds  # noqa: E402
 from course_lib.lessons import cost_model, ring_viz  # noqa: E402
 from course_lib.lessons.links import LINKS, Link, get_link, link_from_model  # noqa: E402
+from course_lib.lessons.network_plots import (  # noqa: E402
+    plot_algorithms,
+    plot_measured,
+    plot_world_sizes,
+)
 from course_lib.lessons.network_sim import (  # noqa: E402
     ALGORITHMS,
     chunk_sizes,
     crossovers,
     fastest,
-    plot_algorithms,
-    plot_world_sizes,
     predict_rows,
     simulate,
 )
@@ -274,3 +277,74 @@ def test_plots_return_figures_with_a_line_per_algorithm():
     fig = plot_world_sizes(IB, 2**20, world_sizes=(2, 8, 64))
     assert len(fig.axes[0].get_lines()) == len(ALGORITHMS)
     plt.close(fig)
+
+
+def measured_rows(algorithms, sizes):
+    """Rows as bench_all_reduce_worker saves them, with a spread."""
+    return [{"algorithm": name, "bytes": b, "median_s": 2e-3, "q1_s": 1e-3, "q3_s": 4e-3,
+             "min_s": 5e-4} for name in algorithms for b in sizes]
+
+
+def test_the_measured_plot_shows_the_spread_and_the_simulation():
+    sizes = [4096, 65536]
+    runs = {n: measured_rows(("naive", "ring", "torch"), sizes) for n in (2, 4)}
+    model = cost_model.AlphaBeta(alpha_s=50e-6, beta_s_per_byte=1 / 2e9)
+    fig = plot_measured(runs, predict_rows(model, sizes), algorithms=("naive", "ring", "torch"))
+    assert len(fig.axes) == 2
+    for ax in fig.axes:
+        assert len(ax.containers) == 3  # median with quartile bars, per algorithm
+        bars = ax.containers[0].lines[2][0].get_segments()  # naive's vertical bars
+        assert [(seg[0][1], seg[1][1]) for seg in bars] == [(1e-3, 4e-3)] * len(sizes)
+        dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        assert len(dashed) == 2  # naive and ring simulated; torch is not
+    plt.close(fig)
+    fig = plot_measured(runs)  # measurements only
+    assert not [line for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
+    plt.close(fig)
+
+
+def bytes_law(algorithm, n, numel):
+    """Each algorithm's rule for the bytes each rank sends (notebook 06, section 8)."""
+    size = numel * 4
+    if n == 1:
+        return [0]
+    if algorithm == "naive":
+        return [(n - 1) * size] + [size] * (n - 1)
+    if algorithm == "ring":
+        return ring_viz.bytes_sent_per_rank(numel, n)
+    if algorithm == "recursive_doubling":
+        power = 1 << (n.bit_length() - 1)
+        rounds, extra = power.bit_length() - 1, n - power
+        return [size * (rounds + (r < extra)) if r < power else size for r in range(n)]
+    return [size * ((r > 0) + sum(c < n for c in (2 * r + 1, 2 * r + 2))) for r in range(n)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8, 12, 100, 1000, 4096])
+def test_notebook_06_bytes_law_holds_for_every_algorithm(world):
+    for numel in (1, 1000, 1001, 2**20 + 3):
+        for name in ALGORITHMS:
+            for pieces in (1, 8):
+                run = simulate(name, world, 4 * numel, IB, tree_pieces=pieces)
+                assert list(run.bytes_sent) == bytes_law(name, world, numel)
+
+
+def test_notebook_06_claims_about_the_simulated_network():
+    small, big = 4096, 64 * 2**20
+    at = {n: {a: simulate(a, n, big, IB, tree_pieces=8) for a in ALGORITHMS} for n in (8, 4096)}
+    assert at[4096]["ring"].time_s < 4 * at[8]["ring"].time_s
+    assert at[4096]["naive"].time_s > 500 * at[8]["naive"].time_s
+    assert at[4096]["recursive_doubling"].time_s == pytest.approx(
+        4 * at[8]["recursive_doubling"].time_s, rel=1e-9)
+    assert min(at[4096], key=lambda a: at[4096][a].time_s) == "ring"
+    assert at[4096]["ring"].max_bytes_sent < 2 * big <= at[4096]["tree"].max_bytes_sent <= 3 * big
+    assert all(fastest(IB, 2**k, small, tree_pieces=8) == "recursive_doubling"
+               for k in range(3, 13))
+    ring_from = {}
+    for n in (8, 64, 512, 4096):
+        ranges = crossovers(IB, n, tree_pieces=8, points=16)
+        assert [r.algorithm for r in ranges] == (["recursive_doubling", "ring"] if n < 512 else
+                                                 ["recursive_doubling", "tree", "ring"])
+        ring_from[n] = ranges[-1].low_bytes
+    assert ring_from[8] < ring_from[64] < ring_from[512] < ring_from[4096]
+    nvlink = crossovers("NVLink 4 (H100)", 8, tree_pieces=8, points=16)[-1].low_bytes
+    assert nvlink > ring_from[8]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+from course_lib.check.answers import expect_type
 from course_lib.check.core import exercise, expect
+from course_lib.check.library_calls import call_without
 from course_lib.check.mp import token_ring_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
 from course_lib.demos.collectives_tour import expected_after, start_values
+from course_lib.lessons.cost_model import fit_alpha_beta
 from course_lib.runtime.workspace import record_pass
 
 TOKEN_RING_CASES = "course_lib.check.mp.token_ring_cases"
@@ -21,45 +24,78 @@ CASES = (  # (what each rank holds before) for 2, 3 and 4 ranks, small whole num
 )
 
 
-@exercise("5.1")
+REDUCE_SCATTER_HINT = (
+    "Draw `before` as a table, one row per rank and one column per chunk. A reduce-scatter adds "
+    "up each column over all the ranks, and each rank keeps one of the column totals: rank r "
+    "keeps column r's, as a list of one number. So the answer has N lists of one number each.")
+
+
+def _row_sums(before) -> list[list[float]]:
+    return [[float(sum(row))] for row in before]
+
+
+@exercise("5.1", second_hint=REDUCE_SCATTER_HINT)
 def reduce_scatter_by_hand(simulate) -> None:
     """``simulate(before)`` returns what every rank holds after a reduce-scatter."""
+    solutions = {expected_after: "collectives_tour.expected_after"}
     for before in CASES:
         n = len(before)
-        got = simulate([list(row) for row in before])
+        got = call_without(solutions, simulate, [list(row) for row in before])
         want = expected_after("reduce_scatter", before)
-        expect(isinstance(got, list) and len(got) == n,
-               f"return one list per rank: {n} lists for {n} ranks")
+        expect_type(got, (list, tuple), f"return a list with one entry per rank ({n} entries "
+                                        f"for {n} ranks)")
+        expect(len(got) == n, f"return one entry per rank: {n} entries for {n} ranks, not "
+                              f"{len(got)}")
+        expect_type(got[0], (list, tuple), "each entry is the list of numbers that rank holds "
+                                           "afterwards (a list, even of one number)")
         got = [[float(v) for v in row] for row in got]
-        sums = [sum(col) for col in zip(*before, strict=True)]
-        expect(got != [sums] * n, "every rank holds the whole sum: that is all-reduce; "
-                                  "rank r keeps only chunk r of the sum")
+        sums = [float(sum(col)) for col in zip(*before, strict=True)]
+        expect(got != [sums] * n, "every rank holds every chunk's sum: that is all-reduce; "
+                                  "after a reduce-scatter each rank keeps less than that")
         expect(all(len(row) == 1 for row in got),
                "each rank ends with one number (one chunk of the sum), not a whole tensor")
+        expect(got != _row_sums(before), "each rank added up its own numbers: a reduction "
+                                         "adds the same chunk across the ranks")
         expect(got != [[before[r][r]] for r in range(n)],
-               "rank r holds only its own chunk r: add chunk r over every rank")
-        expect(got == want, f"for {n} ranks starting from {before} expected {want}, got {got}: "
-                            "rank r gets the sum over ranks of chunk r")
+               "each rank kept its own number of its chunk: the other ranks' numbers of that "
+               "chunk are missing")
+        expect(sorted(got) != sorted([s] for s in sums) or got == want,
+               "the right sums, on the wrong ranks: which chunk does each rank own?")
+        expect(got == want, f"for {n} ranks starting from {before} expected {want}, got {got}")
 
 
-@exercise("5.2")
+FIT_HINT = ("Both times are alpha plus beta times the bytes. Subtract one from the other: alpha "
+            "cancels, and what is left is beta times the difference in bytes, so divide. "
+            "Then alpha is what remains of t1 once you take away the cost of its n1 bytes.")
+
+
+@exercise("5.2", second_hint=FIT_HINT)
 def two_point_fit(fit) -> None:
-    """``fit(n1, t1, n2, t2)`` returns ``(alpha_s, beta_s_per_byte)`` of the line through both."""
+    """``fit(n1, t1, n2, t2)`` returns ``(alpha, beta)`` of the line through both."""
+    solutions = {fit_alpha_beta: "cost_model.fit_alpha_beta"}
     for alpha, beta in ((50e-6, 1 / 2e9), (5e-6, 1 / 20e9), (1e-3, 1 / 1e8)):
         n1, n2 = 1024, 4 * 2**20
         t1, t2 = alpha + beta * n1, alpha + beta * n2
-        got = fit(n1, t1, n2, t2)
-        expect(isinstance(got, tuple) and len(got) == 2, "return a pair (alpha, beta)")
+        got = call_without(solutions, fit, n1, t1, n2, t2)
+        expect_type(got, (tuple, list), "return a pair (alpha, beta): two numbers")
+        expect(len(got) == 2, f"return a pair (alpha, beta), two numbers, not {len(got)}")
+        for value in got:
+            expect_type(value, (int, float), "alpha and beta are plain numbers (seconds and "
+                                             "seconds per byte)")
         got_alpha, got_beta = (float(v) for v in got)
         expect(not math.isclose(got_alpha, beta, rel_tol=1e-6),
                "alpha and beta are swapped: return (alpha, beta), latency first")
+        expect(not math.isclose(got_beta, t2 / n2, rel_tol=1e-9),
+               "beta is the large message's time per byte, its latency included: only the "
+               "difference between the two measurements comes from the extra bytes")
         expect(math.isclose(got_beta, beta, rel_tol=1e-6),
-               f"beta should be {beta:.3e} s/byte: the slope (t2 - t1) / (n2 - n1)")
+               f"beta should be {beta:.3e} s/byte: how much longer each extra byte makes a "
+               "message; compare the two measurements")
         expect(not math.isclose(got_alpha, t1, rel_tol=1e-9),
-               "alpha is not the time of the small message: take away its bytes' cost, "
-               "alpha = t1 - beta x n1")
+               "alpha is the whole time of the small message, but part of that time is its "
+               "bytes: take their cost away")
         expect(math.isclose(got_alpha, alpha, rel_tol=1e-6),
-               f"alpha should be {alpha:.3e} s: where the line crosses 0 bytes")
+               f"alpha should be {alpha:.3e} s: the time the line gives a message of 0 bytes")
 
 
 # ---- the token ring: the learner's own file, launched on 2, 3 and 4 processes -------------

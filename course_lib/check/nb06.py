@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.check.answers import expect_type
 from course_lib.check.core import exercise, expect
+from course_lib.check.library_calls import call_without
 from course_lib.check.mp import ring_cases, ring_mistakes
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
 from course_lib.core.collectives import chunk_bounds
-from course_lib.lessons import ring_viz
+from course_lib.lessons import network_sim, ring_viz
 from course_lib.runtime.workspace import record_pass
 
-RS_HINT = ("in reduce-scatter step s, rank r sends chunk (r - s - 1) mod N to rank (r + 1) mod N, "
-           "which adds it to its own copy of that chunk")
+RS_SECOND_HINT = (
+    "Start from a copy of the lists, new = [list(row) for row in chunks], so that every rank "
+    "sends what it held before the step. Then for each rank r: find the chunk it sends in this "
+    "step (the exercise's text gives it) and its right-hand neighbour, and set the neighbour's "
+    "copy of that chunk in new to its own copy plus the sender's. Return new.")
 
 
 def random_chunks(world_size: int, numel: int, seed: int) -> list[list[torch.Tensor]]:
@@ -35,36 +40,61 @@ def same_chunks(a, b) -> bool:
                for x, y in pairs)
 
 
-def well_formed(got, world_size: int) -> bool:
-    return (isinstance(got, (list, tuple)) and len(got) == world_size
-            and all(isinstance(row, (list, tuple)) and len(row) == world_size
-                    and all(isinstance(c, torch.Tensor) for c in row) for row in got))
+def check_shape(got, world_size: int) -> None:
+    what = (f"return the chunks after the step: a list of {world_size} lists (one per rank) "
+            f"of {world_size} chunk tensors each")
+    expect_type(got, (list, tuple), what)
+    expect(len(got) == world_size, f"{what}, not {len(got)} lists")
+    for row in got:
+        expect_type(row, (list, tuple), what)
+        expect(len(row) == world_size, f"{what}; one row has {len(row)}")
+        for chunk in row:
+            expect_type(chunk, torch.Tensor, what)
 
 
-def ring_step(chunks, step: int, combine):
-    rs = ring_viz.RingStep(ring_viz.REDUCE_SCATTER, step,
-                           tuple(ring_viz.send_chunk(r, step, len(chunks), ring_viz.REDUCE_SCATTER)
-                                 for r in range(len(chunks))))
-    return ring_viz.apply_step(chunks, rs, combine)
+def one_step(chunks, step: int, *, offset: int = 1, towards: int = 1, adds: bool = True):
+    """Reduce-scatter step ``step``: rank r sends chunk (r - step - offset) mod N to rank
+    (r + towards) mod N, which adds it (or, with ``adds=False``, takes it)."""
+    n = len(chunks)
+    new = [list(row) for row in chunks]
+    for r in range(n):
+        c, to = (r - step - offset) % n, (r + towards) % n
+        new[to][c] = chunks[to][c] + chunks[r][c] if adds else chunks[r][c].clone()
+    return new
+
+
+def name_step_mistake(state, got, step: int) -> None:
+    """Raise with a hint naming the mistake ``got`` made, if it is one we know."""
+    expect(not same_chunks(got, state), f"nothing changed in step {step}: in every step every "
+                                        "rank sends one chunk to its neighbour")
+    expect(not same_chunks(got, one_step(state, step, adds=False)),
+           "the receiver replaced its copy with the incoming chunk: in a reduce-scatter the "
+           "incoming chunk is combined with the receiver's own copy")
+    expect(not same_chunks(got, one_step(state, step, towards=-1)),
+           "the chunks went to the left-hand neighbour: in this ring every rank sends to the "
+           "rank on its right")
+    for offset in (0, 2):
+        expect(not same_chunks(got, one_step(state, step, offset=offset)),
+               f"in step {step} each rank sent a neighbouring chunk of the right one: check "
+               "which chunk rank 0 sends in step 0, then how that moves from step to step")
+    n = len(state)
+    expect(False, f"step {step} with {n} ranks gave other chunks than expected: rank r sends "
+                  "one chunk to rank r + 1, which adds it to its own copy of that chunk")
 
 
 def check_one_step(step_fn, state, step: int):
-    """Run the learner's step on a copy; return its result, or raise with a pointed hint."""
-    n = len(state)
-    got = step_fn(copy_chunks(state), step)
-    expect(well_formed(got, n), f"return the chunks after the step: a list of {n} lists "
-                                f"(one per rank) of {n} chunk tensors each")
-    expected = ring_step(state, step, lambda mine, incoming: mine + incoming)
+    """Run the learner's step on a copy; return the right state, or raise with a hint."""
+    solutions = {ring_viz.apply_step: "ring_viz.apply_step",
+                 ring_viz.simulate_ring_all_reduce: "ring_viz.simulate_ring_all_reduce"}
+    got = call_without(solutions, step_fn, copy_chunks(state), step)
+    check_shape(got, len(state))
+    expected = one_step(state, step)
     if not same_chunks(got, expected):
-        replaced = ring_step(state, step, lambda mine, incoming: incoming.clone())
-        expect(not same_chunks(got, replaced),
-               "the receiver replaced its copy with the incoming chunk: in reduce-scatter it "
-               "must add the incoming chunk to its own copy")
-        expect(False, f"step {step} with {n} ranks gave other chunks than expected: {RS_HINT}")
+        name_step_mistake(state, got, step)
     return expected
 
 
-@exercise("6.1")
+@exercise("6.1", second_hint=RS_SECOND_HINT)
 def reduce_scatter_step(step_fn) -> None:
     """``step_fn(chunks, step)`` returns the state after reduce-scatter step ``step``."""
     for world_size, numel in ((2, 6), (3, 7), (4, 9), (5, 5)):
@@ -74,27 +104,56 @@ def reduce_scatter_step(step_fn) -> None:
             state = check_one_step(step_fn, state, step)
         for r in range(world_size):
             expect(torch.allclose(state[r][r], total[r]),
-                   f"after N-1 steps rank {r} should hold the full sum of chunk {r}: {RS_HINT}")
+                   f"after N-1 steps rank {r} should hold the full sum of chunk {r}")
 
 
-@exercise("6.2")
+BYTES_SECOND_HINT = (
+    "Cut the tensor with chunk_bounds(numel, world_size) and list each chunk's size. In the "
+    "reduce-scatter rank r sends every chunk but one (its own, chunk r), in the all-gather "
+    "every chunk but one (chunk r + 1, mod N). Add up those sizes and multiply by "
+    "element_size. Alone (world_size 1) a rank sends nothing.")
+
+
+def _phase_bytes(sizes: list[int], skip: int, element_size: int) -> int:
+    return (sum(sizes) - sizes[skip]) * element_size
+
+
+def name_bytes_mistake(got: list[int], numel: int, world_size: int, element_size: int) -> None:
+    """Raise with a hint naming the mistake ``got`` made, if it is one we know."""
+    n, size = world_size, element_size
+    sizes = [b - a for a, b in chunk_bounds(numel, n)]
+    expect(n > 1 or got == [0], f"alone (world_size 1) a rank has no one to send to; you "
+                                f"counted {got[0]} bytes")
+    expect(got != ring_viz.bytes_sent_per_rank(numel, n, 1),
+           "those are elements, not bytes: each element is element_size bytes")
+    expect(got != [2 * (n - 1) * numel * size] * n,
+           "that is a whole tensor in every step; a ring step sends one chunk")
+    expect(got != [_phase_bytes(sizes, r, size) for r in range(n)],
+           "that counts the reduce-scatter only: the all-gather sends chunks too")
+    expect(len(set(got)) > 1 or numel % n == 0,
+           f"every rank got the same count, but {numel} elements do not split evenly over "
+           f"{n} ranks: chunks differ in size, and so do the ranks' counts")
+    expect(False, f"numel={numel}, world_size={n}, element_size={size}: expected "
+                  f"{ring_viz.bytes_sent_per_rank(numel, n, size)}, got {got}. Count the "
+                  "chunks rank r sends in each phase, and which ones it does not send")
+
+
+@exercise("6.2", second_hint=BYTES_SECOND_HINT)
 def ring_bytes(count_fn) -> None:
     """``count_fn(numel, world_size, element_size)``: bytes each rank sends in the ring."""
+    solutions = {ring_viz.bytes_sent_per_rank: "ring_viz.bytes_sent_per_rank",
+                 network_sim.simulate: "network_sim.simulate"}
     cases = ((4000, 4, 4), (4001, 4, 4), (10, 3, 8), (3, 4, 4), (7, 2, 2), (100, 1, 4))
     for numel, world_size, element_size in cases:
-        got = count_fn(numel, world_size, element_size)
-        want = ring_viz.bytes_sent_per_rank(numel, world_size, element_size)
-        expect(isinstance(got, (list, tuple)) and len(got) == world_size,
-               f"return one number per rank: {world_size} numbers for {world_size} ranks")
+        got = call_without(solutions, count_fn, numel, world_size, element_size)
+        what = f"return one number per rank: a list of {world_size} for {world_size} ranks"
+        expect_type(got, (list, tuple), what)
+        expect(len(got) == world_size, f"{what}, not {len(got)}")
+        for value in got:
+            expect_type(value, (int, float), f"{what}, each a whole number of bytes")
         got = [int(v) for v in got]
-        elements = ring_viz.bytes_sent_per_rank(numel, world_size, 1)
-        expect(got != elements or got == want,
-               "those are elements, not bytes: multiply by element_size")
-        expect(got == want, f"numel={numel}, world_size={world_size}, element_size="
-                            f"{element_size}: expected {want}, got {got}. Rank r sends every "
-                            "chunk but chunk r in reduce-scatter and every chunk but chunk "
-                            "r + 1 in all-gather; use chunk_bounds for the real chunk sizes "
-                            "(they differ when N does not divide numel)")
+        if got != ring_viz.bytes_sent_per_rank(numel, world_size, element_size):
+            name_bytes_mistake(got, numel, world_size, element_size)
 
 
 # ---- the ring all-reduce: the learner's own file, launched on 2, 3 and 4 processes --------

@@ -7,7 +7,8 @@ all-reduce's schedule over N ranks and adds up the time. Plain Python: no proces
     run = network_sim.simulate("ring", 1024, 64 * 2**20, "InfiniBand NDR 400 Gb/s")
     run.time_s, run.bytes_sent[0], run.messages_sent[0], run.steps
     network_sim.crossovers("InfiniBand NDR 400 Gb/s", 1024)  # which algorithm wins where
-    network_sim.plot_algorithms("InfiniBand NDR 400 Gb/s", 1024)
+
+Its plots are in ``course_lib.lessons.network_plots``.
 
 The algorithms (the first three as ``course_lib.core.collectives`` runs them):
 - naive: every rank sends its tensor to rank 0, which adds them in rank order and sends the
@@ -257,7 +258,7 @@ def predict_rows(model: AlphaBeta, sizes: Sequence[int], world_sizes: Sequence[i
 
     ``result[world_size]`` holds ``{"algorithm", "bytes", "median_s"}`` rows as
     ``bench_all_reduce_worker`` saves them (the same bytes for the same ``sizes``), with the
-    simulated time in ``median_s``: a table or ``cost_model.plot_benchmark`` takes either.
+    simulated time in ``median_s``: a table or ``network_plots.plot_measured`` takes either.
     These three algorithms send the messages ``cost_model.predict_all_reduce_s`` counts, so
     its numbers come out again (the ring's exactly when N divides the tensor).
 
@@ -279,47 +280,3 @@ def predict_rows(model: AlphaBeta, sizes: Sequence[int], world_sizes: Sequence[i
                                               element_size=element_size).time_s}
                         for name in algorithms]
     return rows
-
-
-def plot_algorithms(link: Link | str, world_size: int, *, low_bytes: int = 1 << 10,
-                    high_bytes: int = 1 << 30, points: int = 31,
-                    algorithms: Sequence[str] = ALGORITHMS, **options):
-    """Time against tensor size for each algorithm, log-log, crossovers marked; the Figure."""
-    import matplotlib.pyplot as plt
-
-    link = get_link(link)
-    sizes = size_grid(low_bytes, high_bytes, points, options.get("element_size", FLOAT32))
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name in algorithms:
-        ax.loglog(sizes, [simulate(name, world_size, b, link, **options).time_s
-                          for b in sizes], label=name)
-    ranges = crossovers(link, world_size, low_bytes=low_bytes, high_bytes=high_bytes,
-                        points=points, algorithms=algorithms, **options)
-    for r in ranges[1:]:  # each later range starts where its algorithm takes over
-        ax.axvline(r.low_bytes, color="grey", ls=":", lw=1)
-        ax.annotate(f"{r.algorithm} from {r.low_bytes:,} B", (r.low_bytes, 0.02),
-                    xycoords=("data", "axes fraction"), xytext=(2, 0),
-                    textcoords="offset points", rotation=90, fontsize=7, va="bottom")
-    ax.set(xlabel="tensor size (bytes)", ylabel="seconds per all-reduce",
-           title=f"{world_size} ranks, {link.name}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def plot_world_sizes(link: Link | str, nbytes: int,
-                     world_sizes: Sequence[int] = tuple(2 ** k for k in range(1, 13)),
-                     algorithms: Sequence[str] = ALGORITHMS, **options):
-    """Time against the number of ranks at one tensor size, log-log; the Figure."""
-    import matplotlib.pyplot as plt
-
-    link = get_link(link)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name in algorithms:
-        ax.loglog(world_sizes, [simulate(name, n, nbytes, link, **options).time_s
-                                for n in world_sizes], "o-", ms=3, label=name)
-    ax.set(xlabel="ranks (N)", ylabel="seconds per all-reduce",
-           title=f"{nbytes:,} bytes, {link.name}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
