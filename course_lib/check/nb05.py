@@ -6,11 +6,11 @@ import math
 
 from course_lib.check.answers import expect_type
 from course_lib.check.core import exercise, expect
-from course_lib.check.library_calls import call_without
 from course_lib.check.mp import token_ring_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
+from course_lib.check.own_work import call_own
 from course_lib.demos.collectives_tour import expected_after, start_values
 from course_lib.lessons.cost_model import fit_alpha_beta
 from course_lib.runtime.workspace import record_pass
@@ -37,10 +37,10 @@ def _row_sums(before) -> list[list[float]]:
 @exercise("5.1", second_hint=REDUCE_SCATTER_HINT)
 def reduce_scatter_by_hand(simulate) -> None:
     """``simulate(before)`` returns what every rank holds after a reduce-scatter."""
-    solutions = {expected_after: "collectives_tour.expected_after"}
+    library = [expected_after]
     for before in CASES:
         n = len(before)
-        got = call_without(solutions, simulate, [list(row) for row in before])
+        got = call_own(simulate, [list(row) for row in before], library=library)
         want = expected_after("reduce_scatter", before)
         expect_type(got, (list, tuple), f"return a list with one entry per rank ({n} entries "
                                         f"for {n} ranks)")
@@ -72,11 +72,11 @@ FIT_HINT = ("Both times are alpha plus beta times the bytes. Subtract one from t
 @exercise("5.2", second_hint=FIT_HINT)
 def two_point_fit(fit) -> None:
     """``fit(n1, t1, n2, t2)`` returns ``(alpha, beta)`` of the line through both."""
-    solutions = {fit_alpha_beta: "cost_model.fit_alpha_beta"}
+    library = [fit_alpha_beta]
     for alpha, beta in ((50e-6, 1 / 2e9), (5e-6, 1 / 20e9), (1e-3, 1 / 1e8)):
         n1, n2 = 1024, 4 * 2**20
         t1, t2 = alpha + beta * n1, alpha + beta * n2
-        got = call_without(solutions, fit, n1, t1, n2, t2)
+        got = call_own(fit, n1, t1, n2, t2, library=library)
         expect_type(got, (tuple, list), "return a pair (alpha, beta): two numbers")
         expect(len(got) == 2, f"return a pair (alpha, beta), two numbers, not {len(got)}")
         for value in got:

@@ -6,11 +6,11 @@ import torch
 
 from course_lib.check.answers import expect_type
 from course_lib.check.core import exercise, expect
-from course_lib.check.library_calls import call_without
 from course_lib.check.mp import ring_cases, ring_mistakes
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
+from course_lib.check.own_work import call_own
 from course_lib.core.collectives import chunk_bounds
 from course_lib.lessons import network_sim, ring_viz
 from course_lib.runtime.workspace import record_pass
@@ -84,9 +84,8 @@ def name_step_mistake(state, got, step: int) -> None:
 
 def check_one_step(step_fn, state, step: int):
     """Run the learner's step on a copy; return the right state, or raise with a hint."""
-    solutions = {ring_viz.apply_step: "ring_viz.apply_step",
-                 ring_viz.simulate_ring_all_reduce: "ring_viz.simulate_ring_all_reduce"}
-    got = call_without(solutions, step_fn, copy_chunks(state), step)
+    library = [ring_viz.apply_step, ring_viz.simulate_ring_all_reduce]
+    got = call_own(step_fn, copy_chunks(state), step, library=library)
     check_shape(got, len(state))
     expected = one_step(state, step)
     if not same_chunks(got, expected):
@@ -141,11 +140,10 @@ def name_bytes_mistake(got: list[int], numel: int, world_size: int, element_size
 @exercise("6.2", second_hint=BYTES_SECOND_HINT)
 def ring_bytes(count_fn) -> None:
     """``count_fn(numel, world_size, element_size)``: bytes each rank sends in the ring."""
-    solutions = {ring_viz.bytes_sent_per_rank: "ring_viz.bytes_sent_per_rank",
-                 network_sim.simulate: "network_sim.simulate"}
+    library = [ring_viz.bytes_sent_per_rank, network_sim.simulate]
     cases = ((4000, 4, 4), (4001, 4, 4), (10, 3, 8), (3, 4, 4), (7, 2, 2), (100, 1, 4))
     for numel, world_size, element_size in cases:
-        got = call_without(solutions, count_fn, numel, world_size, element_size)
+        got = call_own(count_fn, numel, world_size, element_size, library=library)
         what = f"return one number per rank: a list of {world_size} for {world_size} ranks"
         expect_type(got, (list, tuple), what)
         expect(len(got) == world_size, f"{what}, not {len(got)}")

@@ -11,6 +11,7 @@ the code each call enters, not at names).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from typing import Callable, Iterable
 
@@ -26,7 +27,7 @@ def short_name(function: Callable) -> str:
 @contextlib.contextmanager
 def watching(functions: Iterable[Callable]):
     """Inside the block, note each of ``functions`` that is entered (a list, in order)."""
-    codes = {f.__code__: f for f in functions}
+    codes = {inspect.unwrap(f).__code__: f for f in functions}  # decorated ones too
     entered: list[Callable] = []
 
     def profile(frame, event, arg):
