@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from capstone_bugs import BUGS, FIXED, buggy_text
+from capstone_bugs import BUGS, FIXED, HALF_FIXES, buggy_text
 
 from course_lib.check import core, nb11, report
 from course_lib.check.core import SECOND_HINTS, ExerciseError
@@ -67,11 +67,22 @@ def test_the_fixed_trainer_climbs_every_rung(tmp_path, capsys):
     assert has_passed("11.1", path)
 
 
+SAYS = {  # what each report must say (the hint names the symptom, not the fix)
+    "no loss scaling": "about 4 times the big batch's",
+    "no_sync around backward only": "all-reduced its gradients 2 times in one optimizer step",
+    "a rank that skips the broadcast": "rank 0 never joined it",
+    "mean of micro-batch means": "is the mean of the micro-batches' means",
+    "no set_epoch": "same examples in the same order in epoch 0 and epoch 1",
+    "each micro-batch's own mean, / K": "different numbers of scored tokens",
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("bug", sorted(BUGS))
+@pytest.mark.parametrize("bug", sorted(BUGS) + sorted(HALF_FIXES))
 def test_each_bug_alone_fails_at_its_rung(tmp_path, bug):
     rung, shown = failing_rung(tmp_path, buggy_text([bug]))
-    assert rung == BUGS[bug][0], shown
+    assert rung == {**BUGS, **HALF_FIXES}[bug][0], shown
+    assert SAYS[bug] in " ".join(shown.split()), shown
 
 
 @pytest.mark.slow

@@ -77,7 +77,7 @@ def compare(grads: list, reference: list) -> dict:
     return {"grad_error": error, "grad_ratio": float(got.norm() / want.norm())}
 
 
-def micro_mean_loss(model, micro_batches, group) -> float:
+def micro_mean_loss(model, micro_batches) -> float:
     """The loss as the mean of micro-batch means (what a loss log must NOT be)."""
     with torch.no_grad():
         means = torch.stack([sum_token_loss(model(mb.inputs), mb.targets)
@@ -92,7 +92,7 @@ def run_step_case(learner, spec: dict, group, tracer: Tracer) -> dict:
     batch = global_batch(seed=0, step=0, size=GLOBAL_BATCH, max_digits=MAX_DIGITS)
     ref_grads, ref_loss = reference_step(reference, batch)
     mine = micro_batches_of_rank(batch, rank, world_size, spec["accum_steps"])
-    hinted = micro_mean_loss(reference, mine, group)
+    hinted = micro_mean_loss(reference, mine)
     model = DistributedDataParallel(module, process_group=group)
     syncs = [0]
 
