@@ -98,7 +98,17 @@ def test_the_skipped_broadcast_names_the_waiting_rank_and_line(tmp_path):
     _, shown = failing_rung(tmp_path, text)
     shown = " ".join(shown.split())
     line = next(i for i, row in enumerate(text.split("\n"), 1) if "dist.broadcast" in row)
-    assert f"rank 1 waited at line {line}" in shown and "rank 0 never joined it" in shown
+    assert f"Rank 1 waited at line {line}" in shown and "rank 0 never joined it" in shown
+
+
+@pytest.mark.slow
+def test_an_error_in_the_learners_step_names_the_rung_and_the_line(tmp_path):
+    text = FIXED.read_text().replace("optimizer.step()", "optimiser.step()")
+    rung, shown = failing_rung(tmp_path, text)
+    line = next(i for i, row in enumerate(text.split("\n"), 1) if "optimiser.step()" in row)
+    shown = " ".join(shown.split())
+    assert rung == 1 and f"line {line} in train_step" in shown, shown
+    assert "NameError: name 'optimiser' is not defined" in shown, shown
 
 
 def test_the_notebook_hands_out_the_buggy_file_and_solves_with_the_fixed_one():

@@ -98,7 +98,7 @@ def _judge_epochs(by_rank: dict) -> None:
     first = orders[0]
     expect(len(first) >= 2 and first[0] != first[1],
            f"rank 0 gets the same examples in the same order in epoch 0 and epoch 1: "
-           f"{first[0][:5]}...; the sampler reshuffles only when told the epoch")
+           f"{first[0][:5]}...: what makes the sampler shuffle differently in the next epoch?")
     for epoch in range(len(first)):
         seen = [i for rank in orders for i in orders[rank][epoch]]
         expect(set(seen) == set(range(size)),
@@ -132,15 +132,18 @@ def _climb(results: dict) -> list[str]:
             else:
                 _judge_epochs(by_rank)
         except ExerciseError as e:
-            raise ExerciseError(f"rung {number} of {len(RUNGS)} fails: {claim}.\n{e.hint}") \
-                from None
+            raise ExerciseError(_rung_report(number, e.hint)) from None
         passed.append(f"rung {number}: {claim}")
     return passed
 
 
-def _first_unfinished(results: dict) -> str:
-    number = next(i for i, (case, _) in enumerate(RUNGS, 1) if case not in results)
-    return f"rung {number} of {len(RUNGS)} fails: {RUNGS[number - 1][1]}.\n"
+def _rung_report(number: int, hint: str) -> str:
+    return (f"rung {number} of {len(RUNGS)} fails: {RUNGS[number - 1][1]}. "
+            f"{hint[:1].upper()}{hint[1:]}")
+
+
+def _first_unfinished(results: dict) -> int:
+    return next(i for i, (case, _) in enumerate(RUNGS, 1) if case not in results)
 
 
 SECOND_11_1 = (
@@ -162,13 +165,13 @@ def capstone_trainer(path: str = TRAINER_FILE, world_size: int = 2) -> None:
     results = {s["name"]: by_rank for s, by_rank in run.finished_cases()}
     passed = _climb(results)
     if len(passed) < len(RUNGS):
-        head, waiting = _first_unfinished(results), _waiting_rank(run)
+        number, waiting = _first_unfinished(results), _waiting_rank(run)
         if waiting:
-            raise ExerciseError(head + waiting)
+            raise ExerciseError(_rung_report(number, waiting))
         try:
             raise_if_stopped(run, learner, ADVICE)
         except ExerciseError as e:
-            raise ExerciseError(head + e.hint) from None
+            raise ExerciseError(_rung_report(number, e.hint)) from None
         raise RuntimeError(f"the checker itself failed; please report this: {run.launch_error}")
     for line in passed:
         print(line)
