@@ -187,6 +187,9 @@ def test_a_plan_over_both_caps_names_both():
     (Plan(8, 2, 4, 64, True), "= 64, but the recipe"),
     (Plan(4, 1, 8, 64, True), "the machine runs at most 4"),
     (Plan(0, 1, 4, 64, True), "micro_batch must be a whole number"),
+    (Plan(8, 1, 4, "64", True), "bucket_kib must be a number"),
+    (Plan(8, 1, 4, 64, "yes"), "zero1 must be True or False"),
+    (Plan(8, 1, 4, 0, True), "bucket_kib must be more than 0"),
 ])
 def test_plans_that_change_the_run_are_refused(plan, words):
     assert words in rejection(plan).replace("\n", " ")

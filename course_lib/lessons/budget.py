@@ -122,6 +122,10 @@ def rule_problems(plan: Plan, budget: Budget) -> list[str]:
         value = getattr(plan, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append(f"{name} must be a whole number >= 1, got {value!r}")
+    if not isinstance(plan.zero1, bool):
+        problems.append(f"zero1 must be True or False, got {plan.zero1!r}")
+    if isinstance(plan.bucket_kib, bool) or not isinstance(plan.bucket_kib, (int, float)):
+        problems.append(f"bucket_kib must be a number of KiB, got {plan.bucket_kib!r}")
     if problems:
         return problems
     if plan.global_batch != budget.global_batch:
