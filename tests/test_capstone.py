@@ -1,15 +1,19 @@
-"""course_lib.lessons.capstone: measured memory, the challenge's design, splits, and real runs."""
+"""The capstone's lessons: measured memory (capstone.py), the budget's model (budget.py), and
+the reference trainer of exercise 11.1 run from its own command line."""
 
-import itertools
+import math
+import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from course_lib.lessons import capstone
-from course_lib.lessons.capstone import KIB, Challenge, Split
+from course_lib.lessons import budget, capstone
+from course_lib.lessons.budget import Budget, Machine, Plan
+from course_lib.lessons.capstone import KIB
+from course_lib.runtime.launch import launch
 from course_lib.tasks.models import count_parameters, parameter_checksum
-from course_lib.train.config import DEFAULT_MICRO_BATCH, TrainConfig
+from course_lib.train.config import TrainConfig
 from course_lib.train.trainer import build
 
 SIZES = (1, 2, 4, 8, 16)
@@ -37,69 +41,68 @@ def test_memory_parts_add_up_and_activations_grow_linearly():
         assert measured == activations[0] + slope * (b - 1)  # exactly linear in the batch
 
 
-def test_the_budget_separates_small_from_large_micro_batches():
-    c = Challenge()
-    fits = {b: capstone.memory_per_process(b, c)["total"] <= c.budget_bytes for b in SIZES}
-    assert fits == {1: True, 2: True, 4: True, 8: True, 16: False}
-    assert not fits[DEFAULT_MICRO_BATCH]  # the trainer's default does not fit: a real choice
-    assert capstone.memory_per_process(1, c)["total"] < c.budget_bytes / 2 < c.budget_bytes
+def test_memory_of_a_plan_adds_buckets_and_shards_the_optimizer_with_zero1():
+    parts = capstone.memory_per_process(4)
+    plain = budget.memory_kib(Plan(4, 2, 4, 64, zero1=False))
+    sharded = budget.memory_kib(Plan(4, 2, 4, 64, zero1=True))
+    assert plain["buckets"] == plain["gradients"] == parts["gradients"] / KIB
+    assert plain["optimizer state"] == 4 * sharded["optimizer state"]  # 1/N on each of 4
+    assert plain["total"] == pytest.approx(sum(v for k, v in plain.items() if k != "total"))
+    assert plain["total"] - sharded["total"] == pytest.approx(
+        parts["optimizer state"] / KIB * 3 / 4)
 
 
-def brute_force_splits(memory_of, budget, size, max_nproc):
-    return [Split(n, k, b) for n, k, b in itertools.product(range(1, max_nproc + 1),
-                                                            range(1, size + 1),
-                                                            range(1, size + 1))
-            if n * k * b == size and memory_of(b) <= budget]
+def test_compute_time_is_micro_steps_times_their_cost():
+    m = Machine()
+    for b, k in ((1, 32), (4, 8), (8, 4)):
+        ms = budget.step_ms(Plan(b, k, 1, 64, False), m)
+        assert ms["communication"] == 0
+        assert ms["compute"] == pytest.approx(k * (m.micro_step_ms + m.per_example_ms * b))
+    # fewer, larger micro-steps are cheaper: the overhead is paid once per micro-step
+    assert budget.step_ms(Plan(8, 4, 1, 64, False))["total"] < \
+        budget.step_ms(Plan(1, 32, 1, 64, False))["total"]
 
 
-@pytest.mark.parametrize("fixed, per, budget, size, max_nproc", [
-    (400, 50, 1000, 32, 2), (400, 50, 1000, 36, 3), (400, 50, 1000, 24, 3),
-    (400, 50, 1000, 30, 4), (400, 50, 420, 8, 2), (0, 7, 100, 48, 4)])
-def test_fewest_micro_steps_against_brute_force(fixed, per, budget, size, max_nproc):
-    memory_of = lambda b: fixed + per * b
-    every = brute_force_splits(memory_of, budget, size, max_nproc)
-    best = capstone.fewest_micro_steps(memory_of, budget, size, max_nproc)
-    if not every:
-        assert best is None
-        return
-    fewest = min(s.accum_steps for s in every)
-    assert best == min((s for s in every if s.accum_steps == fewest), key=lambda s: s.nproc)
-    for n in range(1, max_nproc + 1):
-        if size % n == 0:
-            largest = capstone.largest_micro_batch(memory_of, budget, size // n)
-            assert largest == max([s.micro_batch for s in every if s.nproc == n], default=0)
+def test_buckets_cut_the_gradient_and_trade_latency_for_overlap():
+    assert budget.bucket_sizes(100, 30) == [30, 30, 30, 10]
+    assert budget.bucket_sizes(100, 1000) == [100]
+    comm = {kib: budget.step_ms(Plan(4, 2, 4, kib, False))["communication"]
+            for kib in (16, 64, 1024)}
+    assert comm[64] < comm[16]  # tiny buckets pay the latency again and again
+    assert comm[64] < comm[1024]  # one bucket cannot start before backward ends
+    m, grad = Machine(), capstone.memory_per_process(1)["gradients"]
+    one_bucket = 1e3 * 2 * 3 * m.link.time_s(grad / 4)  # ring: 2(N-1) messages of 1/N
+    assert comm[1024] == pytest.approx(one_bucket)
 
 
-def test_splits_that_fit_are_every_legal_split():
-    c = Challenge()
-    memory_of = lambda b: capstone.memory_per_process(b, c)["total"]
-    found = capstone.splits_that_fit(c, max_nproc=2)
-    assert set(found) == set(brute_force_splits(memory_of, c.budget_bytes, 32, 2))
-    assert found[0] == Split(2, 2, 8)  # fewest micro-steps first
-    assert all(capstone.problems_before_training(s, c) == [] for s in found)
+def test_zero1_halves_the_messages_then_adds_an_all_gather():
+    m, grad = Machine(), capstone.memory_per_process(1)["gradients"]
+    plain = budget.step_ms(Plan(8, 2, 2, 1024, False))["communication"]
+    zero1 = budget.step_ms(Plan(8, 2, 2, 1024, True))["communication"]
+    assert plain == pytest.approx(1e3 * 2 * m.link.time_s(grad / 2))
+    assert zero1 == pytest.approx(2 * 1e3 * m.link.time_s(grad / 2))  # RS + AG, one each
 
 
-def test_problems_before_training_say_what_to_change():
-    c = Challenge()
-    [memory] = capstone.problems_before_training(Split(2, 1, 16), c)
-    kib = capstone.memory_per_process(16, c)["total"] / KIB
-    assert f"needs {kib:.0f} KiB" in memory and "smaller micro-batch" in memory
-    [batch] = capstone.problems_before_training(Split(2, 1, 8), c)
-    assert "= 16, but the challenge fixes 32" in batch and "accum_steps = 2" in batch
-    assert len(capstone.problems_before_training(Split(5, 1, 32), c)) == 3
-    with pytest.raises(ValueError, match="accum_steps must be"):
-        capstone.as_split((1, 0, 32))
+def test_some_plans_miss_each_limit_and_few_fit():
+    c = Budget()
+    plans = [Plan(b, 32 // (n * b), n, kib, z) for n in (1, 2, 4) for b in (1, 2, 4, 8, 16, 32)
+             if 32 % (n * b) == 0 for kib in (16, 64, 1024) for z in (False, True)]
+    verdicts = [budget.verdict(p, c) for p in plans]
+    memory_only = [v for v in verdicts if len(v) == 1 and v[0].startswith("memory")]
+    time_only = [v for v in verdicts if len(v) == 1 and v[0].startswith("time")]
+    fit = [p for p, v in zip(plans, verdicts, strict=True) if not v]
+    assert memory_only and time_only and any(len(v) == 2 for v in verdicts)
+    assert 0 < len(fit) < len(plans) / 10
+    assert all(p.nproc == 4 for p in fit)  # on fewer processes the compute alone is too slow
+    for p in plans:
+        seconds = budget.run_seconds(p, c)
+        assert math.isclose(seconds, c.steps * budget.step_ms(p)["total"] / 1e3)
 
 
 @pytest.mark.slow
-def test_two_splits_of_the_same_global_batch_train_alike():
-    """One launch per world size: 1 x 4 x 8 and 2 x 2 x 8 see the same batches."""
-    short = capstone.shorter(Challenge(), steps=6)
-    alone = capstone.run_split(Split(1, 4, 8), short)
-    pair = capstone.run_split(Split(2, 2, 8), short)
-    for run in (alone, pair):
-        assert run["global_batch"] == 32 and run["steps"] == 6 and run["replicas_bitwise_equal"]
-        assert run["final_loss"] == pytest.approx(sum(run["losses"]) / 6)
-    torch.testing.assert_close(torch.tensor(pair["losses"]), torch.tensor(alone["losses"]),
-                               rtol=1e-5, atol=1e-5)
-    assert alone["losses"][-1] < alone["losses"][0]  # it learns
+def test_the_reference_trainer_runs_from_its_command_line():
+    path = os.path.join(os.path.dirname(__file__), "workspace_answers", "capstone_trainer.py")
+    run = launch(path, 2, timeout_s=300, quiet=True)
+    losses = [float(line.rsplit(" ", 1)[1]) for line in run.output.splitlines()
+              if "loss" in line]
+    assert len(losses) == 4 and losses[-1] < losses[0]

@@ -1,121 +1,201 @@
-"""Exercise checkers of notebook 11 against the reference answers and realistic wrong ones."""
+"""Exercise checkers of notebook 11: the trainer's ladder (11.1) and the budget's judge (11.2).
 
+11.1: the fixed trainer passes every rung; each injected bug, alone in an otherwise fixed file,
+fails at the rung it breaks first; the file notebook 11 hands out fails at the first of them.
+11.2: a plan that breaks either limit is rejected with the figure; the hidden reference passes.
+"""
+
+import json
 import re
+from pathlib import Path
 
 import pytest
+from capstone_bugs import BUGS, FIXED, HALF_FIXES, buggy_text
 
-from course_lib.check.core import ExerciseError
-from course_lib.check.nb11 import capstone_run, fewest_micro_steps, largest_micro_batch
-from course_lib.lessons import capstone
-from course_lib.lessons.capstone import Challenge, Split
-from course_lib.runtime.launch import LaunchError
+from course_lib.check import core, nb11, report
+from course_lib.check.core import SECOND_HINTS, ExerciseError
+from course_lib.check.mp import capstone_cases
+from course_lib.lessons import budget
+from course_lib.lessons.budget import Budget, Plan
+from course_lib.runtime.workspace import has_passed
 
-
-def not_done(*args):
-    raise NotImplementedError("Exercise 11.x")
-
-
-def test_largest_micro_batch(capsys):
-    largest_micro_batch(capstone.largest_micro_batch)
-    assert capsys.readouterr().out == "Exercise 11.1: correct.\n"
-
-    def any_size(memory_of, budget, examples):  # forgets that micro-batches must be equal
-        return max(b for b in range(1, examples + 1) if memory_of(b) <= budget)
-
-    def strictly_below(memory_of, budget, examples):
-        return max([b for b in range(1, examples + 1)
-                    if examples % b == 0 and memory_of(b) < budget], default=0)
-
-    def at_least_one(memory_of, budget, examples):
-        return capstone.largest_micro_batch(memory_of, budget, examples) or 1
-
-    for wrong, hint in [(any_size, "does not divide 32"), (strictly_below, "<=, not <"),
-                        (at_least_one, "return 0")]:
-        with pytest.raises(ExerciseError, match=hint):
-            largest_micro_batch(wrong)
-    largest_micro_batch(not_done)
-    assert "Exercise 11.1: not done yet" in capsys.readouterr().out
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_capstone.ipynb"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CHECKER_FILES = [nb11.__file__, capstone_cases.__file__, core.__file__, budget.__file__]
 
 
-def test_fewest_micro_steps(capsys):
-    fewest_micro_steps(capstone.fewest_micro_steps)
-    assert capsys.readouterr().out == "Exercise 11.2: correct.\n"
-
-    def one_process(memory_of, budget, size, max_nproc):
-        return capstone.fewest_micro_steps(memory_of, budget, size, 1)
-
-    def most_processes_on_a_tie(memory_of, budget, size, max_nproc):
-        best = None
-        for nproc in range(1, max_nproc + 1):  # `<=` below: the last of a tie wins
-            micro = capstone.largest_micro_batch(memory_of, budget, size // nproc)
-            if size % nproc == 0 and micro and (best is None or size // (nproc * micro) <=
-                                                best.accum_steps):
-                best = Split(nproc, size // (nproc * micro), micro)
-        return best
-
-    def uneven_share(memory_of, budget, size, max_nproc):  # 4 processes for 30 examples
-        micro = capstone.largest_micro_batch(memory_of, budget, size // max_nproc)
-        return (max_nproc, 1, micro) if micro else None
-
-    for wrong, hint in [(one_process, "fewer than your"), (most_processes_on_a_tie,
-                        "on a tie take fewer processes"), (uneven_share, "must equal")]:
-        with pytest.raises(ExerciseError, match=hint):
-            fewest_micro_steps(wrong)
-    fewest_micro_steps(not_done)
-    assert "Exercise 11.2: not done yet" in capsys.readouterr().out
+def checker_lines() -> set[str]:
+    return {line.strip() for path in CHECKER_FILES for line in Path(path).read_text().split("\n")
+            if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
 
 
-def refuse_to_train(split, challenge):
-    raise AssertionError("a split that breaks the rules must be refused before training")
+def short_report(error: ExerciseError) -> str:
+    """What the learner sees; at most report.MAX_LINES lines and no line of checker code."""
+    lines = [ANSI.sub("", line) for line in error._render_traceback_()]
+    assert 1 < len(lines) <= report.MAX_LINES, lines
+    shown = "\n".join(lines)
+    leaked = [line for line in checker_lines() if line in shown]
+    assert not leaked, f"checker code in the report: {leaked}"
+    return shown
 
 
-def fake_run(losses, global_batch=32, equal=True):
-    def runner(split, challenge):
-        return {"split": [split.nproc, split.accum_steps, split.micro_batch],
-                "global_batch": global_batch, "steps": len(losses), "losses": losses,
-                "final_loss": capstone.final_loss(losses, challenge.window),
-                "replicas_bitwise_equal": equal, "elapsed_s": 1.0}
-    return runner
+def put(tmp_path, text: str) -> str:
+    path = tmp_path / "workspace" / "capstone_trainer.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return str(path)
 
 
-@pytest.mark.parametrize("choice, hint", [
-    (Split(1, 2, 16), "over the budget"),  # the trainer's default micro-batch
-    (Split(1, 1, 8), "accum_steps = 4"),  # fits, but the global batch shrank to 8
-    (Split(8, 1, 4), "at most 4"),
-    ((2, 2, 0), "micro_batch must be a whole number"),
-    ("2x2x8", "expected Split"),
-])
-def test_capstone_refuses_bad_splits_before_training(choice, hint):
-    with pytest.raises(ExerciseError, match=hint):
-        capstone_run(lambda: choice, runner=refuse_to_train)
-
-
-def test_capstone_judges_the_finished_run(capsys):
-    good = [2.0] * 90 + [1.6] * 10
-    capstone_run(lambda: (2, 2, 8), runner=fake_run(good))
-    assert capsys.readouterr().out.endswith("Exercise 11.3: correct.\n")
-    with pytest.raises(ExerciseError, match="not below the target 1.75"):
-        capstone_run(lambda: (2, 2, 8), runner=fake_run([2.0] * 100))
-    with pytest.raises(ExerciseError, match="drifted apart"):
-        capstone_run(lambda: (2, 2, 8), runner=fake_run(good, equal=False))
-    with pytest.raises(ExerciseError, match="not 100"):
-        capstone_run(lambda: (2, 2, 8), runner=fake_run(good[:50]))
-
-    def crashed(split, challenge):
-        raise LaunchError("rank 1 failed (exit code 1) in course_lib.train; ...\nmore")
-    with pytest.raises(ExerciseError, match="the run failed: rank 1 failed"):
-        capstone_run(lambda: (2, 2, 8), runner=crashed)
-    capstone_run(not_done, runner=refuse_to_train)
-    assert capsys.readouterr().out.endswith("Exercise 11.3: not done yet (replace the line "
-                                            "that raises NotImplementedError with your code, "
-                                            "then run the cell again).\n")
+def failing_rung(tmp_path, text: str) -> tuple[int, str]:
+    path = put(tmp_path, text)
+    with pytest.raises(ExerciseError) as err:
+        nb11.capstone_trainer(path)
+    assert not has_passed("11.1", path)
+    shown = short_report(err.value)
+    found = re.match(r"rung (\d) of 7 fails", err.value.hint)
+    assert found, err.value.hint
+    return int(found.group(1)), shown
 
 
 @pytest.mark.slow
-def test_capstone_reference_answer_trains_for_real(capsys):
-    """The notebook's answer, through the real training entry point on 2 processes."""
-    capstone_run(lambda: Split(2, 2, 8))
+def test_the_fixed_trainer_climbs_every_rung(tmp_path, capsys):
+    path = put(tmp_path, FIXED.read_text())
+    nb11.capstone_trainer(path)
     out = capsys.readouterr().out
-    assert "global batch 32 = 2 x 2 x 8" in out and out.endswith("Exercise 11.3: correct.\n")
-    final = float(re.search(r"final loss (\d+\.\d+)", out).group(1))
-    assert 1.0 < final < Challenge().target_loss  # trained, and below the target
+    assert [f"rung {n}:" in out for n in range(1, 8)] == [True] * 7
+    assert out.endswith("Exercise 11.1: correct.\n")
+    assert has_passed("11.1", path)
+
+
+SAYS = {  # what each report must say (the hint names the symptom, not the fix)
+    "no loss scaling": "about 4 times the big batch's",
+    "no_sync around backward only": "all-reduced its gradients 2 times in one optimizer step",
+    "a rank that skips the broadcast": "rank 0 never joined it",
+    "mean of micro-batch means": "is the mean of the micro-batches' means",
+    "no set_epoch": "same examples in the same order in epoch 0 and epoch 1",
+    "each micro-batch's own mean, / K": "different numbers of scored tokens",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", sorted(BUGS) + sorted(HALF_FIXES))
+def test_each_bug_alone_fails_at_its_rung(tmp_path, bug):
+    rung, shown = failing_rung(tmp_path, buggy_text([bug]))
+    assert rung == {**BUGS, **HALF_FIXES}[bug][0], shown
+    assert SAYS[bug] in " ".join(shown.split()), shown
+
+
+@pytest.mark.slow
+def test_the_handed_out_file_fails_at_the_first_bugs_rung(tmp_path):
+    rung, shown = failing_rung(tmp_path, buggy_text(list(BUGS)))
+    assert rung == min(r for r, _ in BUGS.values()) == 2
+    assert "about 4 times the big batch's" in shown
+
+
+@pytest.mark.slow
+def test_the_skipped_broadcast_names_the_waiting_rank_and_line(tmp_path):
+    text = buggy_text(["a rank that skips the broadcast"])
+    _, shown = failing_rung(tmp_path, text)
+    shown = " ".join(shown.split())
+    line = next(i for i, row in enumerate(text.split("\n"), 1) if "dist.broadcast" in row)
+    assert f"Rank 1 waited at line {line}" in shown and "rank 0 never joined it" in shown
+
+
+@pytest.mark.slow
+def test_an_error_in_the_learners_step_names_the_rung_and_the_line(tmp_path):
+    text = FIXED.read_text().replace("optimizer.step()", "optimiser.step()")
+    rung, shown = failing_rung(tmp_path, text)
+    line = next(i for i, row in enumerate(text.split("\n"), 1) if "optimiser.step()" in row)
+    shown = " ".join(shown.split())
+    assert rung == 1 and f"line {line} in train_step" in shown, shown
+    assert "NameError: name 'optimiser' is not defined" in shown, shown
+
+
+def test_the_notebook_hands_out_the_buggy_file_and_solves_with_the_fixed_one():
+    nb = json.loads(NOTEBOOK.read_text())
+    sources = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    handed = next(s for s in sources if s.startswith("%%writefile workspace/buggy_trainer.py"))
+    solved = next(s for s in sources if s.startswith("%%writefile workspace/capstone_trainer"))
+    assert handed.split("\n", 1)[1] == buggy_text(list(BUGS)).rstrip("\n")
+    body = solved.split("# BEGIN SOLUTION\n", 1)[1].rsplit("# END SOLUTION", 1)[0]
+    assert body == FIXED.read_text()
+
+
+def test_an_open_trainer_is_not_done_yet(tmp_path, capsys):
+    path = put(tmp_path, 'raise NotImplementedError("Exercise 11.1: replace this line with your'
+                         ' code")\n')
+    nb11.capstone_trainer(path)
+    assert "Exercise 11.1: not done yet" in capsys.readouterr().out
+
+
+# ---- 11.2: the budget --------------------------------------------------------------------
+
+REFERENCE = nb11._reference_plan()
+
+
+def rejection(plan: Plan) -> str:
+    with pytest.raises(ExerciseError) as err:
+        nb11.capstone_budget(lambda: plan)
+    return short_report(err.value)
+
+
+def test_the_reference_plan_passes_and_is_not_printed_before(capsys):
+    nb11.capstone_budget(lambda: REFERENCE)
+    out = capsys.readouterr().out
+    assert out.endswith("Exercise 11.2: correct.\n")
+    seconds = budget.run_seconds(REFERENCE, Budget())
+    assert f"time {seconds:.2f} s" in out and seconds <= Budget().time_cap_s
+    before = NOTEBOOK.read_text().split("**Exercise 11.2")[0]
+    assert "Plan(8, 1, 4" not in before and "Plan(micro_batch=8, accum_steps=1, nproc=4" \
+        not in before
+
+
+def test_it_is_the_fastest_plan_that_fits():
+    c = Budget()
+    fitting = [Plan(b, 32 // (n * b), n, kib, z) for n in (1, 2, 4) for b in (1, 2, 4, 8, 16)
+               if 32 % (n * b) == 0 for kib in (16, 32, 64, 128, 1024) for z in (False, True)]
+    fitting = [p for p in fitting if not budget.verdict(p, c)]
+    assert REFERENCE in fitting
+    assert min(budget.run_seconds(p, c) for p in fitting) == budget.run_seconds(REFERENCE, c)
+
+
+def test_a_plan_over_the_memory_cap_is_rejected_with_the_figure():
+    plan = Plan(8, 1, 4, bucket_kib=64, zero1=False)  # fast enough, but the full AdamW state
+    memory = budget.memory_kib(plan)["total"]
+    shown = rejection(plan)
+    over = memory - Budget().memory_cap_kib
+    assert over > 0 and "time" not in shown
+    assert f"memory: {memory:.0f} KiB per process, over the 900 KiB cap by {over:.0f} KiB" \
+        in shown
+
+
+def test_a_plan_over_the_time_cap_is_rejected_with_the_figure():
+    plan = Plan(4, 2, 4, bucket_kib=1024, zero1=False)  # one bucket: nothing overlaps
+    seconds = budget.run_seconds(plan, Budget())
+    shown = rejection(plan)
+    assert "memory" not in shown
+    assert f"time: {seconds:.2f} s for 100 steps, over the 2.00 s cap by " \
+           f"{seconds - 2.0:.2f} s" in shown
+
+
+def test_a_plan_over_both_caps_names_both():
+    shown = rejection(Plan(8, 2, 2, bucket_kib=1024, zero1=False))
+    assert "memory: 956 KiB" in shown.replace("\n", " ") and "time: 2.61 s" in shown
+
+
+@pytest.mark.parametrize("plan, words", [
+    (Plan(8, 2, 4, 64, True), "= 64, but the recipe"),
+    (Plan(4, 1, 8, 64, True), "the machine runs at most 4"),
+    (Plan(0, 1, 4, 64, True), "micro_batch must be a whole number"),
+    (Plan(8, 1, 4, "64", True), "bucket_kib must be a number"),
+    (Plan(8, 1, 4, 64, "yes"), "zero1 must be True or False"),
+    (Plan(8, 1, 4, 0, True), "bucket_kib must be more than 0"),
+])
+def test_plans_that_change_the_run_are_refused(plan, words):
+    assert words in rejection(plan).replace("\n", " ")
+
+
+def test_second_hints_exist_and_give_no_code():
+    for exercise_id in ("11.1", "11.2"):
+        hint = SECOND_HINTS[exercise_id]
+        assert hint and len(hint) > 100 and "def " not in hint

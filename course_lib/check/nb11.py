@@ -1,129 +1,233 @@
-"""Checkers for the exercises of notebook 11 (capstone)."""
+"""Checkers for the exercises of notebook 11 (capstone).
+
+11.1 launches the learner's trainer (``workspace/capstone_trainer.py``) on 2 processes and
+climbs the course's equivalence ladder, rung by rung; the report names the first rung that
+fails and what to look at. 11.2 judges a plan against the memory cap and the time cap.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
-
 from course_lib.check.core import ExerciseError, exercise, expect
-from course_lib.lessons import capstone
-from course_lib.lessons.capstone import KIB, Challenge
-from course_lib.runtime.launch import LaunchError
+from course_lib.check.mp.learner import find_learner_file
+from course_lib.check.mp.runner import run_file
+from course_lib.check.mp.verdict import Advice, raise_if_stopped
+from course_lib.lessons import budget
+from course_lib.runtime.workspace import record_pass
+
+TRAINER_FILE = "workspace/capstone_trainer.py"
+FUNCTIONS = ("same_start", "train_step", "epoch_orders")
+CASES = "course_lib.check.mp.capstone_cases"
+RUNGS = (  # (the case it reads, what it claims), in the order they are climbed
+    ("one micro-step", "one micro-step on one process = one big batch"),
+    ("K micro-steps", "K micro-steps on one process = one big batch"),
+    ("N processes", "N processes x K micro-steps = one big batch"),
+    ("N processes", "the gradients are synced once per optimizer step"),
+    ("same start", "every replica holds the same weights, bit for bit"),
+    ("N processes", "the logged loss is the global batch's, on every rank"),
+    ("epochs", "each epoch a new order, every example once, on no two ranks"),
+)
+ADVICE = Advice(all_send="every rank must call the same collectives in the same order.",
+                all_recv="every rank must call the same collectives in the same order.",
+                mismatch="every rank must call the same collectives in the same order.",
+                size="every rank must call the same collectives in the same order.")
+PG_TIMEOUT_S = 60.0  # rank 1 waits while rank 0 runs the one-process cases alone; the one
+#                     hang that a bug causes (a skipped broadcast) ends as soon as rank 0 exits
+CLOSE = 1e-9  # float64: a right answer is off by rounding only
 
 
-def linear_memory(fixed: int, per_example: int) -> Callable[[int], int]:
-    """A made-up memory model: fixed bytes plus per_example bytes for each example."""
-    return lambda b: fixed + per_example * b
+def _gradient_hint(s: dict) -> str:
+    k, ratio = s["accum_steps"], s["grad_ratio"]
+    if ratio is None:
+        return "some parameters have no gradient after train_step: does backward run?"
+    if s["ranks"] == 1 and k > 1 and abs(ratio - k) < 0.2 * k:
+        return (f"with {k} micro-steps the gradient is about {k} times the big batch's: each "
+                "backward adds its micro-step's whole gradient into .grad. What should each "
+                "micro-step's loss be a share of?")
+    if s["ranks"] > 1 and abs(ratio * s["ranks"] - 1) < 0.2:
+        return (f"on {s['ranks']} processes the gradient is {s['ranks']} times too small: "
+                "DDP averages the ranks' gradients; what does that do to your scaling?")
+    return (f"the gradient is off by up to {s['grad_error']:.1%} of its largest entry, with "
+            "the same examples: micro-batches hold different numbers of scored tokens. "
+            "What is each micro-step's token sum divided by?")
 
 
-def measured_memory(challenge: Challenge) -> Callable[[int], int]:
-    """The real one: bytes per process of the trainer's model for a micro-batch (measured)."""
-    return lambda b: capstone.memory_per_process(b, challenge)["total"]
+def _judge_step(s: dict) -> None:
+    expect(s["grad_error"] is not None and s["grad_error"] < CLOSE, _gradient_hint(s))
 
 
-def _largest_cases():
-    real = Challenge()
-    return [(linear_memory(400, 50), 1000, 32),  # 12 fit; 8 is the largest divisor of 32
-            (linear_memory(400, 50), 800, 16),  # exactly 8 fit: 400 + 50 x 8 = 800
-            (linear_memory(400, 50), 650, 12),  # 5 fit; divisors of 12: 4
-            (linear_memory(400, 50), 420, 8),  # not even one
-            (linear_memory(0, 1), 10**6, 24),  # everything fits
-            (measured_memory(real), real.budget_bytes, 16)]
+def _judge_syncs(by_rank: dict) -> None:
+    for rank, s in sorted(by_rank.items()):
+        expect(s["syncs"] == 1,
+               f"rank {rank} all-reduced its gradients {s['syncs']} times in one optimizer "
+               f"step of {s['accum_steps']} micro-steps (the values are right, the time is "
+               "not). DDP decides in forward whether the coming backward syncs: look at what "
+               "no_sync() wraps")
 
 
-@exercise("11.1")
-def largest_micro_batch(my_largest) -> None:
-    """``my_largest(memory_of, budget_bytes, examples)``: the largest micro-batch that fits."""
-    for memory_of, budget, examples in _largest_cases():
-        want = capstone.largest_micro_batch(memory_of, budget, examples)
-        got = my_largest(memory_of, budget, examples)
-        case = f"budget {budget} bytes, {examples} examples per process"
-        expect(isinstance(got, int) and not isinstance(got, bool),
-               f"{case}: return a whole number (the micro-batch), not {got!r}")
-        expect(want > 0 or got == 0, f"{case}: not even one example fits "
-                                     f"(memory_of(1) = {memory_of(1)}); return 0")
-        expect(got == 0 or examples % got == 0,
-               f"{case}: {got} does not divide {examples}; every micro-step of every process "
-               "must have the same size, so pick a divisor")
-        expect(got == 0 or memory_of(got) <= budget,
-               f"{case}: micro-batch {got} needs memory_of({got}) = {memory_of(got)} bytes, "
-               "more than the budget")
-        expect(not (got < want and memory_of(want) == budget),
-               f"{case}: memory_of({want}) = {budget} is exactly the budget, and that fits "
-               "(<=, not <)")
-        expect(got == want, f"{case}: micro-batch {want} also fits and divides {examples}; "
-                            f"return the largest, not {got}")
-
-
-def _fewest_cases():
-    real = Challenge()
-    made_up = linear_memory(400, 50)  # 12 examples fit in 1000 bytes
-    return [(measured_memory(real), real.budget_bytes, real.global_batch, n) for n in (1, 2, 4)] \
-        + [(made_up, 1000, 36, 2), (made_up, 1000, 36, 3),
-           (made_up, 1000, 24, 3),  # a tie at 1 micro-step: 2 x 1 x 12 and 3 x 1 x 8
-           (made_up, 1000, 30, 4),  # 4 processes cannot share 30 examples evenly
-           (made_up, 420, 8, 2)]  # nothing fits
-
-
-def _judge_split(got, want, memory_of, budget, size, max_nproc) -> None:
-    case = f"global batch {size}, budget {budget} bytes, at most {max_nproc} processes"
-    if want is None:
-        expect(got is None, f"{case}: nothing fits; return None, not {got!r}")
+def _judge_replicas(step_runs: dict, start: dict | None) -> None:
+    digests = {s["digest"] for s in step_runs.values()}
+    expect(len(digests) == 1, "after one step the ranks hold different weights: every rank "
+                              "must apply the same gradient to the same weights")
+    if start is None:
         return
-    expect(got is not None, f"{case}: {want} fits; return it instead of None")
+    for rank, s in sorted(start.items()):
+        expect(s["digest"] == s["rank0_digest"],
+               f"after same_start rank {rank} does not hold rank 0's weights: does every "
+               "tensor of the model reach every rank?")
+
+
+def _judge_loss(by_rank: dict) -> None:
+    losses = {rank: s["loss"] for rank, s in by_rank.items()}
+    expect(None not in losses.values(), "train_step must return the step's loss, a number")
+    expect(len(set(losses.values())) == 1,
+           f"the ranks logged different losses {sorted(losses.values())}: each rank sees "
+           "only its share of the batch")
+    ref = next(iter(by_rank.values()))["ref_loss"]
+    micro = sum(s["micro_mean_loss"] for s in by_rank.values()) / len(by_rank)
+    got = losses[0]
+    expect(abs(got - micro) > CLOSE or abs(micro - ref) < CLOSE,
+           f"the logged loss {got:.4f} is the mean of the micro-batches' means; the global "
+           f"batch's loss is {ref:.4f}: its micro-batches hold different numbers of tokens")
+    expect(abs(got - ref) < CLOSE, f"the logged loss {got:.4f} is not the global batch's "
+                                   f"mean over its scored tokens, {ref:.4f}")
+
+
+def _judge_epochs(by_rank: dict) -> None:
+    orders = {rank: s["orders"] for rank, s in sorted(by_rank.items())}
+    size = next(iter(by_rank.values()))["dataset_size"]
+    first = orders[0]
+    expect(len(first) >= 2 and first[0] != first[1],
+           f"rank 0 gets the same examples in the same order in epoch 0 and epoch 1: "
+           f"{first[0][:5]}...: what makes the sampler shuffle differently in the next epoch?")
+    for epoch in range(len(first)):
+        seen = [i for rank in orders for i in orders[rank][epoch]]
+        expect(set(seen) == set(range(size)),
+               f"in epoch {epoch} the ranks together skip examples: a sampler per rank must "
+               "know its rank and the world size")
+        expect(len(seen) - len(set(seen)) < len(orders),
+               f"in epoch {epoch} the ranks train on the same examples: a sampler per rank "
+               "must know its rank and the world size")
+
+
+def _climb(results: dict) -> list[str]:
+    """Judge rung after rung; return the rungs passed; raise at the first that fails."""
+    passed = []
+    for number, (case, claim) in enumerate(RUNGS, start=1):
+        by_rank = results.get(case)
+        try:
+            if by_rank is None:
+                return passed  # its case did not finish: the launch's ending says why
+            s = by_rank[0]
+            if number <= 3:
+                _judge_step(s)
+                if number == 3:
+                    for r in by_rank.values():
+                        _judge_step(r)
+            elif number == 4:
+                _judge_syncs(by_rank)
+            elif number == 5:
+                _judge_replicas(results["N processes"], by_rank)
+            elif number == 6:
+                _judge_loss(by_rank)
+            else:
+                _judge_epochs(by_rank)
+        except ExerciseError as e:
+            raise ExerciseError(_rung_report(number, e.hint)) from None
+        passed.append(f"rung {number}: {claim}")
+    return passed
+
+
+def _rung_report(number: int, hint: str) -> str:
+    return (f"rung {number} of {len(RUNGS)} fails: {RUNGS[number - 1][1]}. "
+            f"{hint[:1].upper()}{hint[1:]}")
+
+
+def _first_unfinished(results: dict) -> int:
+    return next(i for i, (case, _) in enumerate(RUNGS, 1) if case not in results)
+
+
+SECOND_11_1 = (
+    "Climb the ladder in order. Rung 2: each micro-step backpropagates its token-loss sum "
+    "divided by the tokens of the WHOLE global batch (times world_size, which DDP's average "
+    "undoes). Rung 4: no_sync() must wrap the forward and the backward of every micro-step "
+    "but the last. Rung 5: every rank calls every broadcast, rank 0 too. Rung 6: add up "
+    "token sums, all-reduce them, divide by the global token count. Rung 7: "
+    "sampler.set_epoch(epoch) before each epoch.")
+
+
+@exercise("11.1", second_hint=SECOND_11_1)
+def capstone_trainer(path: str = TRAINER_FILE, world_size: int = 2) -> None:
+    """The learner's trainer, launched on ``world_size`` processes, against the ladder."""
+    if _still_open(path):
+        raise NotImplementedError(path)
+    learner = find_learner_file(path, FUNCTIONS)
+    run = run_file(CASES, learner, world_size, pg_timeout_s=PG_TIMEOUT_S, deadline_s=180)
+    results = {s["name"]: by_rank for s, by_rank in run.finished_cases()}
+    passed = _climb(results)
+    if len(passed) < len(RUNGS):
+        number, waiting = _first_unfinished(results), _waiting_rank(run)
+        if waiting:
+            raise ExerciseError(_rung_report(number, waiting))
+        try:
+            raise_if_stopped(run, learner, ADVICE)
+        except ExerciseError as e:
+            raise ExerciseError(_rung_report(number, e.hint)) from None
+        raise RuntimeError(f"the checker itself failed; please report this: {run.launch_error}")
+    for line in passed:
+        print(line)
+    record_pass("11.1", path)
+
+
+def _still_open(path: str) -> bool:
+    """The student copy's file: only the exercise's marked line."""
     try:
-        got = capstone.as_split(got)
-    except (TypeError, ValueError) as e:
-        raise ExerciseError(f"{case}: {e}") from None
-    expect(got.global_batch == size, f"{case}: {got} = {got.global_batch}; nproc x "
-                                     f"accum_steps x micro_batch must equal {size}")
-    expect(got.nproc <= max_nproc, f"{case}: {got.nproc} processes is over the maximum")
-    expect(memory_of(got.micro_batch) <= budget,
-           f"{case}: micro-batch {got.micro_batch} does not fit the budget")
-    expect(got.accum_steps <= want.accum_steps,
-           f"{case}: {want} needs {want.accum_steps} micro-steps, fewer than your "
-           f"{got.accum_steps}; try every process count up to {max_nproc}")
-    expect(got.nproc <= want.nproc, f"{case}: {want} and {got} both need {got.accum_steps} "
-                                    "micro-step(s); on a tie take fewer processes (less "
-                                    "communication)")
+        with open(path, encoding="utf-8") as f:
+            return 'NotImplementedError("Exercise 11.1' in f.read()
+    except OSError:
+        return False
 
 
-@exercise("11.2")
-def fewest_micro_steps(my_fewest) -> None:
-    """``my_fewest(memory_of, budget_bytes, global_batch, max_nproc)``: the quickest split."""
-    for memory_of, budget, size, max_nproc in _fewest_cases():
-        want = capstone.fewest_micro_steps(memory_of, budget, size, max_nproc)
-        got = my_fewest(memory_of, budget, size, max_nproc)
-        _judge_split(got, want, memory_of, budget, size, max_nproc)
+def _waiting_rank(run) -> str:
+    """A rank left waiting in a collective that a peer never called (the peer went on);
+    "" when the launch ended otherwise."""
+    if any(r.error and r.error["kind"] == "learner" for r in run.ranks):
+        return ""
+    for r in run.ranks:
+        e = r.error or {}
+        if e.get("kind") in ("peer_gone", "timeout") and e.get("line"):
+            others = ", ".join(str(o.rank) for o in run.ranks if o.rank != r.rank)
+            code = e['source'].split('#')[0].strip()
+            return (f"rank {r.rank} waited at line {e['line']}, {code}, and rank "
+                    f"{others} never joined it: every rank of the group must call each "
+                    "collective, the sender too")
+    return ""
 
 
-def _first(problems: list[str]) -> None:
-    expect(not problems, problems[0] if problems else "")
+SECOND_11_2 = (
+    "Memory: the activations grow with the micro-batch; ZeRO-1 cuts the optimizer state by "
+    "the number of processes. Time: a micro-step costs a fixed overhead plus a cost per "
+    "example, so fewer, larger micro-steps are cheaper; more processes share the examples. "
+    "Buckets: tiny ones pay the latency many times, one big one cannot overlap backward. "
+    "Try budget.step_ms and budget.memory_kib on a few plans before you pick.")
 
 
-@exercise("11.3")
-def capstone_run(my_split, challenge: Challenge | None = None,
-                 runner: Callable = capstone.run_split) -> None:
-    """``my_split()`` returns (nproc, accum_steps, micro_batch); the split is trained for real
-    by ``runner`` (``capstone.run_split``: the training entry point) and judged."""
-    challenge = challenge or Challenge()
-    try:
-        split = capstone.as_split(my_split())
-    except (TypeError, ValueError) as e:
-        raise ExerciseError(str(e)) from None
-    _first(capstone.problems_before_training(split, challenge))
-    print(f"training {split.nproc} process(es) x {split.accum_steps} micro-steps x "
-          f"micro-batch {split.micro_batch} for {challenge.steps} steps ...")
-    try:
-        run = runner(split, challenge)
-    except LaunchError as e:
-        raise ExerciseError(f"the run failed: {str(e).splitlines()[0]}") from None
-    _first(capstone.problems_after_training(run, challenge))
-    used = capstone.memory_per_process(split.micro_batch, challenge)["total"]
-    print(f"global batch {challenge.global_batch} = {split}; {used / KIB:.0f} KiB per process "
-          f"(budget {challenge.budget_kib}); final loss {run['final_loss']:.3f} (target < "
-          f"{challenge.target_loss})")
-    best = capstone.fewest_micro_steps(measured_memory(challenge), challenge.budget_bytes,
-                                       challenge.global_batch, challenge.max_nproc)
-    print(f"{split.accum_steps} micro-step(s) per optimizer step on each process; the fewest "
-          f"with up to {challenge.max_nproc} processes: {best.accum_steps} ({best})")
+@exercise("11.2", second_hint=SECOND_11_2)
+def capstone_budget(my_plan, challenge: budget.Budget | None = None) -> None:
+    """``my_plan()`` returns a ``budget.Plan``; it must keep the recipe and fit both caps."""
+    challenge = challenge or budget.Budget()
+    plan = my_plan()
+    expect(isinstance(plan, budget.Plan), f"return a Plan(micro_batch, accum_steps, nproc, "
+                                          f"bucket_kib, zero1), not {plan!r}")
+    problems = budget.verdict(plan, challenge)
+    expect(not problems, "; ".join(problems))
+    memory, seconds = budget.memory_kib(plan)["total"], budget.run_seconds(plan, challenge)
+    print(f"memory {memory:.0f} KiB per process (cap {challenge.memory_cap_kib:.0f}); time "
+          f"{seconds:.2f} s for {challenge.steps} steps (cap {challenge.time_cap_s:.2f} s)")
+    reference = _reference_plan()
+    if not budget.verdict(reference, challenge):  # another challenge may rule it out
+        best = min(seconds, budget.run_seconds(reference, challenge))
+        print(f"the fastest plan we know of takes {best:.2f} s")
 
+
+def _reference_plan() -> budget.Plan:
+    return budget.Plan(micro_batch=8, accum_steps=1, nproc=4, bucket_kib=32, zero1=True)
