@@ -14,8 +14,9 @@ the machine hits them alike. Prints the table and writes ``bench_data_parallel.j
 
 Configurations: ``ddp`` (torch DDP, defaults but the bucket size), ``ddp views`` (DDP with
 ``gradient_as_bucket_view=True``), our strategies (``course_lib.train.syncs.SYNCS``), and
-``no sync`` (no communication at all: the floor). Ratios are median step times over DDP's; ``hidden`` is the share of
-overlap's communication time that fell inside backward (from its own timeline).
+``no sync`` (no communication at all: the floor). Ratios are median step times over DDP's;
+``hidden`` is the share of overlap's communication time that fell inside backward (from its
+own timeline).
 
 The findings on this course's machines, and what was tried, are in the README (Performance).
 """
