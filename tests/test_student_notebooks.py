@@ -37,8 +37,8 @@ import student_copies  # noqa: E402
 NEEDS_EARLIER_CELLS: dict[str, dict[str, dict[int, str]]] = {
     # launch and LaunchError are imported in cell 8 (section 3), not in the setup cell
     "00_start_here": {"answered": {18: "launch", 20: "LaunchError"}},
-    # cell 24 times the learner's exposed_ms on `rows`, the results of cell 7 (section 4)
-    "08_bucketing_and_overlap": {"open": {24: "rows"}, "answered": {24: "rows"}},
+    # cell 31 times the learner's exposed_ms on `rows`, the results of cell 14 (section 4)
+    "08_bucketing_and_overlap": {"open": {31: "rows"}, "answered": {31: "rows"}},
 }
 MISSING_NAME = re.compile(r"NameError: name '(\w+)' is not defined")
 
