@@ -201,3 +201,14 @@ def test_the_notebooks_file_is_the_tested_reference():
                if "".join(c["source"]).startswith("%%writefile workspace/my_hooks.py\n")]
     reference = (ROOT / "tests" / "workspace_answers" / "my_hooks.py").read_text()
     assert written == ["%%writefile workspace/my_hooks.py\n" + reference]
+
+
+def test_the_hooks_checker_wants_a_path_and_says_so(tmp_path, monkeypatch):
+    class BucketHooks:  # the class itself, passed instead of its file
+        pass
+
+    text = shown_report(nb08.my_hooks, BucketHooks)
+    assert 'pass the path of your file, check.nb08.my_hooks("workspace/my_hooks.py")' in text
+    monkeypatch.chdir(tmp_path)  # no workspace/ here: the %%writefile cell was not run
+    assert "run the cell that starts with %%writefile workspace/my_hooks.py first" in \
+        shown_report(nb08.my_hooks, "workspace/my_hooks.py")

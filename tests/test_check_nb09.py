@@ -186,3 +186,12 @@ def test_the_notebooks_file_is_the_tested_reference():
                if "".join(c["source"]).startswith("%%writefile workspace/my_ddp_train.py\n")]
     reference = (ROOT / "tests" / "workspace_answers" / "my_ddp_train.py").read_text()
     assert written == ["%%writefile workspace/my_ddp_train.py\n" + reference]
+
+
+def test_the_script_checker_wants_a_path_and_says_so():
+    def train(config):  # the function itself, passed instead of its file
+        return {}
+
+    text = shown_report(nb09.my_ddp_train, train)
+    assert 'pass the path of your file, check.nb09.my_ddp_train("workspace/my_ddp_train.py")' \
+        in text

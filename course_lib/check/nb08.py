@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 
 import torch
 
-from course_lib.check.answers import call, expect_type
+from course_lib.check.answers import call, describe, expect_type
 from course_lib.check.core import exercise, expect
 from course_lib.check.mp import hook_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
@@ -251,6 +252,8 @@ def judge_hooks_case(summary: dict, by_rank: dict, run) -> None:
     "p.shape); finally clear the handles and the counts."))
 def my_hooks(path: str = MY_HOOKS_FILE, world_sizes=WORLD_SIZES) -> None:
     """``BucketHooks(model, group, bucket_cap_mb)`` with ``.finish()`` in the learner's file."""
+    expect(isinstance(path, (str, os.PathLike)), "pass the path of your file, "
+           f'check.nb08.my_hooks("{MY_HOOKS_FILE}"); you passed {describe(path)}')
     learner = find_learner_file(path, ())
     expect("BucketHooks" in {n.name for n in _outside_main(_tree(path))
                              if isinstance(n, ast.ClassDef)},

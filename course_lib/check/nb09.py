@@ -244,6 +244,8 @@ def check_config_class(path: str) -> None:
     "only rank 0 calls torch.save(model.module.state_dict(), config.checkpoint)."))
 def my_ddp_train(path: str = MY_DDP_FILE, world_sizes=WORLD_SIZES) -> None:
     """``train(config)`` in the learner's file: DDP, sampler, no_sync, logging, checkpoint."""
+    expect(isinstance(path, (str, os.PathLike)), "pass the path of your file, "
+           f'check.nb09.my_ddp_train("{MY_DDP_FILE}"); you passed {describe(path)}')
     learner = find_learner_file(path, ("train", "main"))
     check_config_class(path)
     text = _file_text(path)
