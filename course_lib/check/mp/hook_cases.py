@@ -198,7 +198,7 @@ def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
                 theirs.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(theirs(x), y)
                 log.in_backward, log.ready, first = True, 0, len(log.calls)
-                loss.backward()
+                loss.backward()  # the learner's hooks run in here
                 log.in_backward = False
                 hooks.finish()
                 got.append(flat_grads(theirs))
