@@ -1,9 +1,18 @@
 """Notebook 08's checkers: the reference answers pass, realistic wrong answers get a hint."""
 
-import pytest
+import json
+import re
+from pathlib import Path
 
+import pytest
+import torch
+
+from course_lib import check
+from course_lib.check import answers, core, nb08, report, uses
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb08 import buckets_by_hand, exposed_communication
+from course_lib.core.buckets import plan_buckets
+from course_lib.lessons.timeline import overlap_summary
 
 
 def plan_reference(sizes, cap):
@@ -109,3 +118,97 @@ def test_exposed_reference(capsys):
 def test_exposed_wrong_answers(wrong, hint):
     with pytest.raises(ExerciseError, match=hint):
         exposed_communication(wrong)
+
+
+# ---- what a learner sees: the hint, at most 10 lines, none of the checker's code ----------
+
+ROOT = Path(__file__).resolve().parent.parent
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CHECKER_FILES = [nb08.__file__, core.__file__, report.__file__, answers.__file__,
+                 uses.__file__]
+
+
+def shown_report(checker, answer) -> str:
+    """The lines the notebook shows for a wrong ``answer``, checked for length and leaks."""
+    with pytest.raises(ExerciseError) as caught:
+        checker(answer)
+    lines = [ANSI.sub("", line) for line in caught.value._render_traceback_()]
+    assert 1 < len(lines) <= report.MAX_LINES
+    shown = "\n".join(lines)
+    code = {line.strip() for path in CHECKER_FILES for line in Path(path).read_text().split("\n")
+            if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
+    assert not [line for line in code if line in shown], shown
+    return " ".join(line.strip() for line in lines)
+
+
+def plan_with_the_library(sizes, cap):
+    order = list(range(len(sizes)))[::-1]
+    plan = plan_buckets([sizes[i] for i in order], [None] * len(sizes), cap)
+    return [[order[i] for i in bucket] for bucket in plan]
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (plan_with_the_library, "calls the library's plan_buckets"),
+    (lambda sizes, cap: tuple(plan_reference(sizes, cap)), "return a list of buckets"),
+    (lambda sizes, cap: [[sizes[i] for i in b] for b in plan_reference(sizes, cap)],
+     "exactly one bucket"),  # sizes instead of indices
+    (lambda sizes, cap: [[float(i) for i in b] for b in plan_reference(sizes, cap)],
+     "parameter INDICES"),
+    (plan_forward_order, "REVERSE registration order"),
+    (plan_reference([1024, 2048], 3000), "pass the function itself"),  # called, not passed
+])
+def test_buckets_reports_are_short_and_name_the_mistake(wrong, hint):
+    assert hint in shown_report(buckets_by_hand, wrong)
+
+
+def test_an_error_inside_the_plan_shows_the_learners_line():
+    def plan_by_hand(sizes, cap):
+        return [[i] for i in range(len(sizes) + "1")]  # TypeError in the learner's code
+
+    text = shown_report(buckets_by_hand, plan_by_hand)
+    assert "TypeError" in text and "range(len(sizes) + \"1\")" in text
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda events: str(exposed_reference(events)), "return one number, the exposed "
+                                                    "milliseconds; your code returned the str"),
+    (lambda events: overlap_summary(events)["exposed_s"] * 1000,
+     "calls the library's overlap_summary"),
+    (exposed_all_comm, "all communication time"),
+    (exposed_double_counts, "count once"),
+    (lambda events: exposed_reference(events) / 1000, "in seconds: return milliseconds"),
+    (None, "pass the function itself"),
+])
+def test_exposed_reports_are_short_and_name_the_mistake(wrong, hint):
+    assert hint in shown_report(exposed_communication, wrong)
+
+
+def test_a_one_number_tensor_counts_as_a_number(capsys):
+    exposed_communication(lambda events: torch.tensor(exposed_reference(events)))
+    assert capsys.readouterr().out == "Exercise 8.2: correct.\n"
+
+
+@pytest.mark.parametrize("exercise_id", ["8.1", "8.2", "8.3"])
+def test_every_exercise_has_a_second_hint(exercise_id, capsys):
+    check.hint(exercise_id)
+    text = capsys.readouterr().out
+    assert text.startswith(f"Exercise {exercise_id}, a stronger hint:") and len(text) > 200
+
+
+def test_the_notebooks_file_is_the_tested_reference():
+    notebook = json.loads((ROOT / "notebooks" / "08_bucketing_and_overlap.ipynb").read_text())
+    written = ["".join(c["source"]) for c in notebook["cells"]
+               if "".join(c["source"]).startswith("%%writefile workspace/my_hooks.py\n")]
+    reference = (ROOT / "tests" / "workspace_answers" / "my_hooks.py").read_text()
+    assert written == ["%%writefile workspace/my_hooks.py\n" + reference]
+
+
+def test_the_hooks_checker_wants_a_path_and_says_so(tmp_path, monkeypatch):
+    class BucketHooks:  # the class itself, passed instead of its file
+        pass
+
+    text = shown_report(nb08.my_hooks, BucketHooks)
+    assert 'pass the path of your file, check.nb08.my_hooks("workspace/my_hooks.py")' in text
+    monkeypatch.chdir(tmp_path)  # no workspace/ here: the %%writefile cell was not run
+    assert "run the cell that starts with %%writefile workspace/my_hooks.py first" in \
+        shown_report(nb08.my_hooks, "workspace/my_hooks.py")

@@ -1,12 +1,19 @@
 """Notebook 09's checkers: the reference answers pass, realistic wrong answers get a hint."""
 
+import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data.distributed import DistributedSampler
 
+from course_lib import check
+from course_lib.check import answers, core, nb09, report, uses
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb09 import atomic_save, sampler_by_hand
+from course_lib.train.checkpoint import write_atomic
 
 
 def indices_reference(size, world_size, rank, epoch, seed):
@@ -95,3 +102,96 @@ def test_atomic_save_not_done(capsys):
 
     atomic_save(hole)
     assert "Exercise 9.2: not done yet" in capsys.readouterr().out
+
+
+# ---- what a learner sees: the hint, at most 10 lines, none of the checker's code ----------
+
+ROOT = Path(__file__).resolve().parent.parent
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CHECKER_FILES = [nb09.__file__, core.__file__, report.__file__, answers.__file__,
+                 uses.__file__]
+
+
+def shown_report(checker, answer) -> str:
+    """The lines the notebook shows for a wrong ``answer``, checked for length and leaks."""
+    with pytest.raises(ExerciseError) as caught:
+        checker(answer)
+    lines = [ANSI.sub("", line) for line in caught.value._render_traceback_()]
+    assert 1 < len(lines) <= report.MAX_LINES
+    shown = "\n".join(lines)
+    code = {line.strip() for path in CHECKER_FILES for line in Path(path).read_text().split("\n")
+            if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
+    assert not [line for line in code if line in shown], shown
+    return " ".join(line.strip() for line in lines)
+
+
+def indices_with_the_sampler(size, world_size, rank, epoch, seed):
+    sampler = DistributedSampler(range(size), num_replicas=world_size, rank=rank, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (indices_with_the_sampler, "uses DistributedSampler: the point is to write"),
+    (lambda size, world_size, rank, epoch, seed: str(
+        indices_reference(size, world_size, rank, epoch, seed)),
+     "return this rank's indices as a list of whole numbers; your code returned the str"),
+    (lambda *args: None, "returned None"),
+    (indices_without_epoch, "seed + epoch"),
+    (indices_without_padding, "padded"),
+    (indices_reference(10, 2, 0, 0, 0), "pass the function itself"),  # called, not passed
+])
+def test_sampler_reports_are_short_and_name_the_mistake(wrong, hint):
+    assert hint in shown_report(sampler_by_hand, wrong)
+
+
+def test_a_tensor_of_indices_counts_as_its_list(capsys):
+    sampler_by_hand(lambda *args: torch.tensor(indices_reference(*args)))
+    assert capsys.readouterr().out == "Exercise 9.1: correct.\n"
+
+
+def save_with_the_library(obj, path):
+    write_atomic(path, obj)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (save_with_the_library, "calls the library's write_atomic"),
+    (save_in_place, "destroyed the previous checkpoint"),
+    (save_never_renamed, "there is no file at path"),
+    (save_swallowing_errors, "did not reach the caller"),
+    ("checkpoint.pt", "pass the function itself"),
+])
+def test_atomic_save_reports_are_short_and_name_the_mistake(wrong, hint):
+    assert hint in shown_report(atomic_save, wrong)
+
+
+def test_an_error_inside_save_shows_the_learners_line():
+    def save_atomic(obj, path):
+        torch.save(obj, path + 1)  # TypeError: a str plus an int
+
+    text = shown_report(atomic_save, save_atomic)
+    assert "TypeError" in text and "torch.save(obj, path + 1)" in text
+
+
+@pytest.mark.parametrize("exercise_id", ["9.1", "9.2", "9.3"])
+def test_every_exercise_has_a_second_hint(exercise_id, capsys):
+    check.hint(exercise_id)
+    text = capsys.readouterr().out
+    assert text.startswith(f"Exercise {exercise_id}, a stronger hint:") and len(text) > 200
+
+
+def test_the_notebooks_file_is_the_tested_reference():
+    notebook = json.loads((ROOT / "notebooks" / "09_ddp_in_practice.ipynb").read_text())
+    written = ["".join(c["source"]) for c in notebook["cells"]
+               if "".join(c["source"]).startswith("%%writefile workspace/my_ddp_train.py\n")]
+    reference = (ROOT / "tests" / "workspace_answers" / "my_ddp_train.py").read_text()
+    assert written == ["%%writefile workspace/my_ddp_train.py\n" + reference]
+
+
+def test_the_script_checker_wants_a_path_and_says_so():
+    def train(config):  # the function itself, passed instead of its file
+        return {}
+
+    text = shown_report(nb09.my_ddp_train, train)
+    assert 'pass the path of your file, check.nb09.my_ddp_train("workspace/my_ddp_train.py")' \
+        in text

@@ -36,7 +36,7 @@ import student_copies  # noqa: E402
 
 # notebook -> {"open" | "answered": {cell: the missing name it stops on}}; the notebook's cells
 NEEDS_EARLIER_CELLS: dict[str, dict[str, dict[int, str]]] = {
-    # cell 31 times the learner's exposed_ms on `rows`, the results of cell 7 (section 4)
+    # cell 31 times the learner's exposed_ms on `rows`, the results of cell 14 (section 4)
     "08_bucketing_and_overlap": {"open": {31: "rows"}, "answered": {31: "rows"}},
 }
 MISSING_NAME = re.compile(r"NameError: name '(\w+)' is not defined")

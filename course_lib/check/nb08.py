@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import math
+import os
 
+import torch
+
+from course_lib.check.answers import call, describe, expect_type
 from course_lib.check.core import exercise, expect
+from course_lib.check.mp import hook_cases
+from course_lib.check.mp.harness import WORLD_SIZES, check_file
+from course_lib.check.mp.learner import find_learner_file
+from course_lib.check.mp.verdict import Advice
+from course_lib.check.uses import names_used
 from course_lib.core.buckets import plan_buckets
+from course_lib.runtime.workspace import record_pass
 
 KB = 1024
 BUCKET_CASES = (  # (parameter sizes in bytes, in registration order; bucket cap in bytes)
@@ -24,14 +35,33 @@ def reference_buckets(sizes: list[int], cap: int) -> list[list[int]]:
     return [[order[position] for position in bucket] for bucket in plan]
 
 
-@exercise("8.1")
+def expect_function(answer, name: str) -> None:
+    expect(callable(answer), f"pass the function itself, check.nb08.checker({name}), without "
+                             f"calling it; you passed {type(answer).__name__}")
+
+
+@exercise("8.1", second_hint=(
+    "Walk the indices from the last to the first (reversed(range(len(sizes)))), keeping a "
+    "running total of the open bucket's bytes. Before adding a parameter, ask whether it "
+    "would take that total past cap; if so (and the bucket is not empty) open a new bucket "
+    "and restart the total. A parameter bigger than cap then lands alone in a new bucket."))
 def buckets_by_hand(plan) -> None:
     """``plan(sizes, cap)`` returns buckets of parameter indices, in launch order."""
+    expect_function(plan, "plan_by_hand")
+    used = names_used(plan, ("plan_buckets", "make_buckets", "BucketedDataParallel"))
+    expect(not used, f"your function calls the library's {(used or [''])[0]}: the point is to "
+                     "plan the buckets yourself, with a loop over the parameters")
     for sizes, cap in BUCKET_CASES:
-        got = plan(list(sizes), cap)
+        got = call(plan, list(sizes), cap)
         want = reference_buckets(list(sizes), cap)
-        expect(isinstance(got, list) and all(isinstance(b, list) for b in got),
-               "return a list of buckets, each a list of parameter indices")
+        expect_type(got, list, "return a list of buckets, each a list of parameter indices")
+        expect(all(isinstance(b, (list, tuple)) for b in got),
+               "return a list of buckets, each a list of parameter indices (you returned a "
+               "list, but not of lists)")
+        expect(all(isinstance(i, int) or (torch.is_tensor(i) and i.numel() == 1)
+                   for b in got for i in b),
+               "each bucket lists parameter INDICES (whole numbers 0, 1, ...), not sizes or "
+               "parameters")
         got = [[int(i) for i in bucket] for bucket in got]
         flat = [i for bucket in got for i in bucket]
         expect(sorted(flat) == list(range(len(sizes))),
@@ -71,11 +101,23 @@ def reference_exposed_ms(events: list[dict]) -> float:
     return 1000 * sum(max(0.0, stop - max(start, end)) for start, stop in merged)
 
 
-@exercise("8.2")
+@exercise("8.2", second_hint=(
+    "Take backward's end, the largest end_s of the compute events. Sort the comm intervals "
+    "by start and move each start forward to whatever is later: backward's end, or the end "
+    "of the time you have already counted. Only what remains of the interval after that is "
+    "new exposed time. Remember the result is in milliseconds, the events in seconds."))
 def exposed_communication(exposed_ms) -> None:
     """``exposed_ms(events)``: milliseconds of communication NOT hidden under backward."""
+    expect_function(exposed_ms, "exposed_ms")
+    used = names_used(exposed_ms, ("overlap_summary",))
+    expect(not used, "your function calls the library's overlap_summary: the point is to "
+                     "measure the exposed time yourself, from the events")
     for events in TIMELINES:
-        got = float(exposed_ms([dict(e) for e in events]))
+        got = call(exposed_ms, [dict(e) for e in events])
+        if torch.is_tensor(got) and got.numel() == 1:
+            got = got.item()  # a one-number tensor counts as its number
+        expect_type(got, (int, float), "return one number, the exposed milliseconds")
+        got = float(got)
         want = reference_exposed_ms(events)
         comm = [e for e in events if e["kind"] == "comm"]
         summed = 1000 * sum(e["end_s"] - e["start_s"] for e in comm)
@@ -87,6 +129,139 @@ def exposed_communication(exposed_ms) -> None:
         expect(not (math.isclose(got, after, abs_tol=1e-6) and after != want),
                "two collectives in flight at the same time count once: merge their "
                "intervals before measuring")
+        expect(not (math.isclose(1000 * got, want, abs_tol=1e-6) and want > 0),
+               "that is the exposed time in seconds: return milliseconds")
         expect(math.isclose(got, want, abs_tol=1e-6),
                f"expected {want:.3f} ms exposed for this timeline, got {got:.3f}: the time "
                "after backward ends during which at least one collective is still running")
+
+
+# ---- gradient hooks: the learner's own file, launched on 2, 3 and 4 processes -------------
+
+MY_HOOKS_FILE = "workspace/my_hooks.py"
+HOOKS_CASES = "course_lib.check.mp.hook_cases"
+DEADLINE_S = 60.0  # a launch builds DDP models and trains: more than a ring needs
+LIBRARY_NAMES = ("DistributedDataParallel", "OverlapDataParallel", "BucketedDataParallel",
+                 "register_comm_hook")
+HOOKS_ADVICE = Advice(  # the ranks' collectives did not pair up
+    all_send="Every rank must start the same all-reduces, in the same order.",
+    all_recv="Every rank must start the same all-reduces, in the same order.",
+    mismatch="Every rank must start the same all-reduces, in the same order.",
+    size="Every rank must all-reduce buckets of the same sizes, in the same order.")
+
+
+def _outside_main(tree: ast.Module) -> list[ast.stmt]:
+    """The file's top-level statements, without its ``if __name__ == "__main__":`` block."""
+    return [node for node in tree.body
+            if not (isinstance(node, ast.If) and "__main__" in ast.unparse(node.test))]
+
+
+def _tree(path: str) -> ast.Module:
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read())
+
+
+def library_used(path: str, names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` (or a course_lib import) the file uses outside its __main__."""
+    for node in (n for top in _outside_main(_tree(path)) for n in ast.walk(top)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course_lib"):
+            return f"course_lib ({node.module})"
+        if isinstance(node, ast.Import) and any(a.name.startswith("course_lib")
+                                                for a in node.names):
+            return "course_lib"
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+        if isinstance(node, ast.alias):  # from torch.nn.parallel import ... as DDP
+            name = node.name.split(".")[-1]
+        if name in names:
+            return name
+    return None
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.allclose(a, b, rtol=1e-5, atol=1e-6))
+
+
+def judge_hook_calls(rank: int, s: dict, spec: dict) -> None:
+    """How this rank communicated: async all-reduces, waited on, started during backward."""
+    calls = [c for step in s["steps"] for c in step]
+    expect(calls, f"rank {rank} never called dist.all_reduce: each full bucket must be "
+                  "all-reduced (summed over the ranks) before finish() copies it into .grad")
+    blocking = [c for c in calls if not c["async"]]
+    expect(not blocking, f"the all-reduce at line {blocking[0]['line'] if blocking else ''} "
+                         "blocks: without async_op=True, backward waits for the network; "
+                         "start it with async_op=True, keep the handle, and wait on it in "
+                         "finish()")
+    expect(not s["unwaited"], f"rank {rank} never waited on the all-reduce started at line "
+                              f"{(s['unwaited'] or [''])[0]}: until handle.wait() returns, the "
+                              "bucket does not hold the sum yet; finish() must wait on every "
+                              "handle")
+    early = s["waited_in_backward"]
+    expect(not early, f"the all-reduce started at line {(early or [''])[0]} is waited on during "
+                      "backward: backward then waits for the network, as with a blocking "
+                      "all-reduce. Keep the handle and wait on it in finish()")
+    for step in s["steps"]:
+        first = step[0] if step else None
+        expect(first is None or first["in_backward"],
+               "no overlap: the first all-reduce started after loss.backward() had returned. "
+               "Start each bucket's all-reduce from the hook, as soon as that bucket is full")
+        expect(first is None or spec["cap_bytes"] > hook_cases.SMALL_CAP
+               or first["ready"] < first["total"],
+               "no overlap: the first all-reduce started only when every gradient was ready. "
+               "Start each bucket as soon as IT is full, while backward works on the rest")
+
+
+def judge_hook_values(rank: int, s: dict, spec: dict, world: int) -> None:
+    n = s["world"]  # the size of the group the case passed
+    for step, (got, want, own) in enumerate(zip(s["got"], s["expected"], s["own"],
+                                                        strict=True)):
+        got, want, own = (torch.tensor(v) for v in (got, want, own))
+        if _close(got, want):
+            continue
+        expect(not torch.isnan(got).any(), f"rank {rank}: some .grad is None after finish()")
+        expect(step == 0, "the first step was right, the second is not: after finish(), the "
+                          "hooks must start the next step afresh (no handles, no counts left)")
+        expect(not _close(got, own / n),
+               "a bucket was read before its all-reduce had finished: it still held this "
+               "rank's own gradient. Wait on a bucket's handle before you divide it or copy it "
+               "into .grad")
+        expect(not _close(got, own), f"rank {rank}'s .grad still holds its own gradient: "
+                                     "finish() must copy each averaged bucket back into .grad")
+        expect(not _close(got, want * n), "the gradients are the SUM over the ranks, N times "
+                                          "DDP's: divide each bucket by the world size")
+        expect(n == world or not _close(got, want * n / world),
+               "you divided by the size of the whole world, not of the group you were given: "
+               "use dist.get_world_size(group)")
+        expect(False, f"rank {rank}'s gradients differ from DDP's (rtol 1e-5): each bucket "
+                      "must hold its parameters' gradients, summed over the ranks, then divided "
+                      "by the world size")
+
+
+def judge_hooks_case(summary: dict, by_rank: dict, run) -> None:
+    spec = {s["name"]: s for s in hook_cases.case_specs(run.world_size, {})}[summary["name"]]
+    for rank in range(summary["ranks"]):
+        judge_hook_calls(rank, by_rank[rank], spec)
+        judge_hook_values(rank, by_rank[rank], spec, run.world_size)
+
+
+@exercise("8.3", second_hint=(
+    "In gradient_ready: find the parameter's bucket and offset in self.where, copy its "
+    ".grad (flattened) into that slice of the bucket's flat tensor, count it, and when the "
+    "count reaches the bucket's length call dist.all_reduce(flat, group=self.group, "
+    "async_op=True) and keep the handle. In finish: for each handle, wait() first, then "
+    "divide the bucket by the world size and copy each slice back into p.grad (view it as "
+    "p.shape); finally clear the handles and the counts."))
+def my_hooks(path: str = MY_HOOKS_FILE, world_sizes=WORLD_SIZES) -> None:
+    """``BucketHooks(model, group, bucket_cap_mb)`` with ``.finish()`` in the learner's file."""
+    expect(isinstance(path, (str, os.PathLike)), "pass the path of your file, "
+           f'check.nb08.my_hooks("{MY_HOOKS_FILE}"); you passed {describe(path)}')
+    learner = find_learner_file(path, ())
+    expect("BucketHooks" in {n.name for n in _outside_main(_tree(path))
+                             if isinstance(n, ast.ClassDef)},
+           f"{path} defines no class BucketHooks: keep `class BucketHooks:` at the top level of "
+           "the file, with its __init__, gradient_ready and finish")
+    used = library_used(path, LIBRARY_NAMES)
+    expect(used is None, f"{path} uses {used}: the point is to write the hooks yourself, with "
+                         "register_post_accumulate_grad_hook and dist.all_reduce")
+    check_file(learner, HOOKS_CASES, {}, world_sizes, HOOKS_ADVICE, judge_hooks_case,
+               deadline_s=DEADLINE_S)
+    record_pass("8.3", path)
