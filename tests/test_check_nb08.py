@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from course_lib import check
-from course_lib.check import answers, core, nb08, report, uses
+from course_lib.check import answers, core, nb08, own_work, report
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb08 import buckets_by_hand, exposed_communication
 from course_lib.core.buckets import plan_buckets
@@ -125,7 +125,7 @@ def test_exposed_wrong_answers(wrong, hint):
 ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CHECKER_FILES = [nb08.__file__, core.__file__, report.__file__, answers.__file__,
-                 uses.__file__]
+                 own_work.__file__]
 
 
 def shown_report(checker, answer) -> str:

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from course_lib import check
-from course_lib.check import answers, core, nb09, report, uses
+from course_lib.check import answers, core, nb09, own_work, report
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb09 import atomic_save, sampler_by_hand
 from course_lib.train.checkpoint import write_atomic
@@ -109,7 +109,7 @@ def test_atomic_save_not_done(capsys):
 ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CHECKER_FILES = [nb09.__file__, core.__file__, report.__file__, answers.__file__,
-                 uses.__file__]
+                 own_work.__file__]
 
 
 def shown_report(checker, answer) -> str:

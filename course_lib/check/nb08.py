@@ -14,7 +14,7 @@ from course_lib.check.mp import hook_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
-from course_lib.check.uses import names_used
+from course_lib.check.own_work import names_used
 from course_lib.core.buckets import plan_buckets
 from course_lib.runtime.workspace import record_pass
 

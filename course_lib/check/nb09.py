@@ -18,7 +18,7 @@ from course_lib.check.mp import ddp_script_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
-from course_lib.check.uses import names_used
+from course_lib.check.own_work import names_used
 from course_lib.runtime.workspace import record_pass
 
 SAMPLER_CASES = ((10, 2), (10, 3), (7, 4), (16, 4))  # (dataset size, world size)

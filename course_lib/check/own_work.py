@@ -5,7 +5,11 @@ write something the notebook also uses from ``course_lib`` (``replicas.warmup_lr
 
 runs the learner's function like ``answers.call`` and fails with a hint if, while it ran, one
 of the ``library`` functions ran too, however it was imported or renamed (the check looks at
-the code each call enters, not at names).
+the code each call enters, not at names). Where running the answer is not the check (a
+class the answer would construct, a file it would write), ``names_used`` reads the names the
+answer's code mentions instead:
+
+    used = names_used(my_sampler, ("DistributedSampler",))   # [] when it does not
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import types
 from typing import Callable, Iterable
 
 from course_lib.check.answers import call
@@ -53,3 +58,23 @@ def call_own(function: Callable, *args, library: Iterable[Callable], hint: str |
                                     "own version: the exercise is to write it yourself, so "
                                     "leave that function out and work it out in your code")
     return result
+
+
+def _code_objects(code: types.CodeType):
+    yield code
+    for const in code.co_consts:  # functions and lambdas defined inside
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def names_used(function, names: tuple[str, ...]) -> list[str]:
+    """The names among ``names`` that ``function``'s code refers to, in the order given: a
+    call ``plan_buckets(...)`` and ``buckets.plan_buckets(...)`` alike."""
+    code = getattr(getattr(function, "__func__", function), "__code__", None)  # methods too
+    if code is None:
+        return []
+    seen = set()
+    for part in _code_objects(code):
+        seen.update(part.co_names)
+        seen.update(part.co_varnames)
+    return [name for name in names if name in seen]
