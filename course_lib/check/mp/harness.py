@@ -26,11 +26,13 @@ WORLD_SIZES = (2, 3, 4)
 def check_file(learner: LearnerFile, cases_module: str, options: dict,
                world_sizes: Sequence[int], advice: Advice,
                judge_case: Callable[[dict, dict, Run], None],
-               explain: Callable[[dict, str], str] | None = None) -> list[Run]:
-    """Launch, judge, repeat for each world size; return the runs (for their timings)."""
+               explain: Callable[[dict, str], str] | None = None,
+               deadline_s: float | None = None) -> list[Run]:
+    """Launch, judge, repeat for each world size; return the runs (for their timings).
+    ``deadline_s``: how long one launch may take (``run_file``'s default when None)."""
     runs = []
     for world_size in world_sizes:
-        run = run_file(cases_module, learner, world_size, options)
+        run = run_file(cases_module, learner, world_size, options, deadline_s=deadline_s)
         runs.append(run)
         for summary, by_rank in run.finished_cases():
             try:
