@@ -44,6 +44,7 @@ def test_the_skeleton_is_not_done_yet(workspace, capsys):
     ("my_dp_step_dist_all_reduce", "the gradients were averaged with dist.all_reduce: use "
                                    "ring_all_reduce"),
     ("my_dp_step_library_broadcast", "broadcast_parameters is the library's own"),
+    ("my_dp_step_library_wrapper", "uses the library's AllReducePerParameter"),
 ])
 def test_a_wrong_answer_is_named_after_the_first_launch(workspace, answer, words):
     hint = hint_for(workspace, answer)

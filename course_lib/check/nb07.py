@@ -132,6 +132,9 @@ def judge_broadcast(summary: dict, by_rank: dict, n: int) -> None:
     expect(not summary["library_broadcast"],
            "broadcast_parameters is the library's own (course_lib.core.data_parallel): write "
            "it yourself, from dist.broadcast")
+    expect(not summary["library_wrapper"],
+           "the file uses the library's AllReducePerParameter, which is the answer itself: "
+           "accumulate, sync and step yourself, with ring_all_reduce")
     for rank in range(n):
         if by_rank[rank]["broadcast_right"]:
             continue

@@ -124,6 +124,8 @@ def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
     return {"name": spec["name"], "ranks": spec["ranks"], "accum_steps": spec["accum_steps"],
             "library_broadcast": learner.broadcast_parameters is
             data_parallel.broadcast_parameters,
+            "library_wrapper": any(v is data_parallel.AllReducePerParameter
+                                   for v in vars(learner).values()),
             "has_ring": callable(getattr(learner, "ring_all_reduce", None)),
             "broadcast_kept_own": after_broadcast == mine and mine != rank0,
             "broadcast_right": after_broadcast == rank0, "steps": steps,
