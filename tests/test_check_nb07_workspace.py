@@ -2,6 +2,10 @@
 and 4 processes and compared with one process stepping on the whole batch; realistic wrong
 versions get the hint that names their mistake."""
 
+import re
+import subprocess
+import sys
+
 import pytest
 from report_checks import shown_report
 
@@ -55,3 +59,15 @@ def test_a_wrong_answer_is_named_after_the_first_launch(workspace, answer, words
 def test_with_as_many_micro_batches_as_ranks_a_factor_is_named_either_way(workspace):
     hint = hint_for(workspace, "my_dp_step_no_accum_scale", world_sizes=(3,))  # K = 3 too
     assert "the gradient is 3 times too large: either the ring's sum" in hint, hint
+
+
+def test_the_file_runs_unchanged_under_torchrun(workspace):
+    path = workspace.put("my_dp_step", "my_dp_step.py")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "3", path], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = dict(re.findall(r"rank (\d): weights after one step sum to (-?[\d.]+)",
+                            done.stdout))  # the ranks' lines may interleave
+    assert sorted(found) == ["0", "1", "2"], done.stdout
+    assert len(set(found.values())) == 1, done.stdout  # the replicas agree

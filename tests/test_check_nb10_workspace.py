@@ -2,6 +2,10 @@
 processes and compared with plain data parallelism (SGD with momentum, AdamW); realistic wrong
 versions get the hint that names their mistake."""
 
+import re
+import subprocess
+import sys
+
 import pytest
 from report_checks import shown_report
 
@@ -55,3 +59,17 @@ def test_the_state_is_counted_per_rank_with_adamw_too():
     assert zero_cases.reference(spec, 3)["state_per_value"] == 2
     assert zero_cases.reference(spec, 3, grad_scale=3)["after"] != \
         zero_cases.reference(spec, 3)["after"]
+
+
+def test_the_file_runs_unchanged_under_torchrun(workspace):
+    path = workspace.put("my_zero", "my_zero.py")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "3", path], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.findall(r"rank (\d): params\[:3\] = (\[[^\]]*\]), optimizer state: (\d+) "
+                       "numbers", done.stdout)  # the ranks' lines may interleave
+    found = sorted(found)
+    assert [state for _, _, state in found] == ["8", "6", "6"], done.stdout  # 10 values:
+    # chunks of 4, 3 and 3, AdamW keeps 2 numbers per value
+    assert len({params for _, params, _ in found}) == 1, done.stdout  # the replicas agree
