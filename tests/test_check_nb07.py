@@ -1,9 +1,15 @@
-"""Notebook 07's checkers: the reference answers pass, realistic wrong answers get a hint."""
+"""Notebook 07's checkers: the reference answers pass, realistic wrong answers get a hint
+(at most report.MAX_LINES lines, no line of the checker's code)."""
 
 import pytest
+from report_checks import shown_report
 
-from course_lib.check.core import ExerciseError
+from course_lib.check import nb07, own_code
+from course_lib.check.hints import hint_text
 from course_lib.check.nb07 import scale_loss, shard_rows
+from course_lib.core.accumulation import scale_by_global_tokens
+from course_lib.tasks import batching
+from course_lib.tasks.batching import micro_batch_slice
 
 
 def reference_rows(global_size, rank, k, world_size, accum_steps):
@@ -29,14 +35,32 @@ def forgot_accumulation(global_size, rank, k, world_size, accum_steps):
     return slice(rank * size, (rank + 1) * size)
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (interleaved, "contiguous block r"),
-    (forgot_accumulation, "global / \\(world_size x accum_steps\\)"),
+def float_bounds(global_size, rank, k, world_size, accum_steps):
+    size = global_size / (world_size * accum_steps)  # a float, even when it divides
+    start = (rank * accum_steps + k) * size
+    return slice(start, start + size)
+
+
+def library_rows(global_size, rank, k, world_size, accum_steps):
+    return micro_batch_slice(global_size, rank, k, world_size, accum_steps)
+
+
+def library_through_module(global_size, rank, k, world_size, accum_steps):
+    return batching.micro_batch_slice(global_size, rank, k, world_size, accum_steps)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (interleaved, "Rank r owns the contiguous block r"),
+    (forgot_accumulation, "cut into world_size x accum_steps equal parts"),
     (lambda g, r, k, n, a: list(range(g))[reference_rows(g, r, k, n, a)], "return a slice"),
+    (float_bounds, "the slice's bounds must be whole numbers (int)"),
+    (library_rows, "uses the library's micro_batch_slice, which is the answer itself"),
+    (library_through_module, "uses the library's micro_batch_slice"),
+    (micro_batch_slice, "uses the library's micro_batch_slice"),
 ])
-def test_shard_wrong_answers(wrong, hint):
-    with pytest.raises(ExerciseError, match=hint):
-        shard_rows(wrong)
+def test_shard_wrong_answers(wrong, words):
+    hint = shown_report(shard_rows, wrong, nb07, own_code)
+    assert words in hint, hint
 
 
 def test_scale_reference(capsys):
@@ -44,15 +68,32 @@ def test_scale_reference(capsys):
     assert capsys.readouterr().out == "Exercise 7.2: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
+@pytest.mark.parametrize("wrong, words", [
     (lambda s, local, total, n: s / local, "its own token count"),
     (lambda s, local, total, n: s / total, "off by a factor world_size"),
-    (lambda s, local, total, n: s / local / n, "backpropagate loss_sum x world_size"),
-    (lambda s, local, total, n: s / total / n, "backpropagate loss_sum x world_size"),
+    (lambda s, local, total, n: s / local / n, "every token of the global batch must count"),
+    (lambda s, local, total, n: s / total / n, "every token of the global batch must count"),
+    (lambda s, local, total, n: s.item() * n / total, "the plain number"),  # right value
+    (lambda s, local, total, n: (s * n / total).detach(), "cut off from the model"),
+    (lambda s, local, total, n: scale_by_global_tokens(s, total, n),
+     "uses the library's scale_by_global_tokens"),
 ])
-def test_scale_wrong_answers(wrong, hint):
-    with pytest.raises(ExerciseError, match=hint):
-        scale_loss(wrong)
+def test_scale_wrong_answers(wrong, words):
+    hint = shown_report(scale_loss, wrong, nb07, own_code)
+    assert words in hint, hint
+
+
+def test_no_hint_gives_the_formula():
+    """The hints name the mistake; the factor itself is the exercise."""
+    for hint in [hint_text("7.2")] + [shown_report(scale_loss, wrong, nb07) for wrong in (
+            lambda s, local, total, n: s / local, lambda s, local, total, n: s / total,
+            lambda s, local, total, n: s / total / n)]:
+        assert "world_size / global" not in hint and "x world_size" not in hint, hint
+
+
+def test_every_exercise_has_a_second_hint():
+    for exercise_id in ("7.1", "7.2", "7.3"):
+        assert hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint:")
 
 
 def test_not_done(capsys):

@@ -1,12 +1,16 @@
-"""Notebook 10's checkers: the reference answers pass, realistic wrong answers get a hint."""
+"""Notebook 10's checkers: the reference answers pass, realistic wrong answers get a hint
+(at most report.MAX_LINES lines, no line of the checker's code)."""
 
 import math
 
 import pytest
 import torch
+from report_checks import shown_report
 
-from course_lib.check.core import ExerciseError
-from course_lib.check.nb10 import bytes_per_rank, global_norm, owned_range
+from course_lib.check import nb10, own_code, shard_trace
+from course_lib.check.hints import hint_text
+from course_lib.check.nb10 import bytes_per_rank, global_norm, owned_range, reference_bytes
+from course_lib.core.collectives import chunk_bounds
 
 
 def owned_reference(numel, world_size, rank):
@@ -26,19 +30,33 @@ def owned_rest_on_last(numel, world_size, rank):
     return rank * size, end
 
 
+def owned_float(numel, world_size, rank):
+    size = numel / world_size  # a float
+    return round(rank * size), round((rank + 1) * size)  # noqa: RUF046 - whole but unequal
+
+
+def owned_true_division(numel, world_size, rank):
+    return rank * numel / world_size, (rank + 1) * numel / world_size
+
+
 def test_owned_reference(capsys):
     owned_range(owned_reference)
     assert capsys.readouterr().out == "Exercise 10.1: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
+@pytest.mark.parametrize("wrong, words", [
     (owned_floor, "must be owned by exactly one rank"),
-    (owned_rest_on_last, "first numel % world_size ranks get one more"),
+    (owned_rest_on_last, "the extra elements go to the first ranks, one each"),
+    (owned_float, "the extra elements go to the first ranks"),
     (lambda numel, world_size, rank: (0, numel), "must be owned by exactly one rank"),
+    (owned_true_division, "start and end must be whole numbers (int)"),
+    (lambda numel, world_size, rank: slice(0, numel), "return the pair (start, end)"),
+    (lambda numel, world_size, rank: chunk_bounds(numel, world_size)[rank],
+     "uses the library's chunk_bounds"),
 ])
-def test_owned_wrong_answers(wrong, hint):
-    with pytest.raises(ExerciseError, match=hint):
-        owned_range(wrong)
+def test_owned_wrong_answers(wrong, words):
+    hint = shown_report(owned_range, wrong, nb10, own_code)
+    assert words in hint, hint
 
 
 def bytes_reference(num_params, world_size, stage):
@@ -60,31 +78,63 @@ def bytes_shards_everything(num_params, world_size, stage):
     return 16 * num_params / (world_size if stage else 1)
 
 
+def bytes_no_stage_3(num_params, world_size, stage):
+    if stage == 0:
+        return 16 * num_params
+    elif stage == 1:
+        return 8 * num_params + 8 * num_params / world_size
+    elif stage == 2:
+        return 4 * num_params + 12 * num_params / world_size  # stage 3: falls off the end
+
+
 def test_bytes_reference(capsys):
     bytes_per_rank(bytes_reference)
     assert capsys.readouterr().out == "Exercise 10.2: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
+@pytest.mark.parametrize("wrong, words", [
     (bytes_stage2_forgets_grads, "stage 2 divides the optimizer state and the gradients"),
     (bytes_shards_everything, "stage 1 divides the optimizer state by"),
     (lambda p, n, stage: 12 * p, "stage 0 is plain data parallelism"),
+    (bytes_no_stage_3, "return a number of bytes for every stage (stage 3 here); your code "
+                       "returned None"),
+    (lambda p, n, stage: str(16 * p), "return a number of bytes"),
+    (lambda p, n, stage: reference_bytes(p, n, stage), "uses the library's reference_bytes"),
 ])
-def test_bytes_wrong_answers(wrong, hint):
-    with pytest.raises(ExerciseError, match=hint):
-        bytes_per_rank(wrong)
+def test_bytes_wrong_answers(wrong, words):
+    hint = shown_report(bytes_per_rank, wrong, nb10, own_code)
+    assert words in hint, hint
 
 
-def test_global_norm_reference(capsys):
-    global_norm(lambda shards: math.sqrt(sum(float(s.norm()) ** 2 for s in shards)))
+def norm_reference(shards):
+    return math.sqrt(sum(float(s.norm()) ** 2 for s in shards))
+
+
+@pytest.mark.parametrize("right", [
+    norm_reference,
+    lambda shards: torch.stack([(s ** 2).sum() for s in shards]).sum().sqrt(),
+    lambda shards: sum(s.pow(2).sum() for s in shards) ** 0.5,
+])
+def test_global_norm_reference(right, capsys):
+    global_norm(right)
     assert capsys.readouterr().out == "Exercise 10.3: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
+@pytest.mark.parametrize("wrong, words", [
     (lambda shards: sum(float(s.norm()) for s in shards), "norms do not add up"),
-    (lambda shards: sum(float(s.norm()) ** 2 for s in shards), "expected"),
+    (lambda shards: sum(float(s.norm()) ** 2 for s in shards), "the SQUARED norm"),
     (lambda shards: float(torch.stack([s.norm() for s in shards]).mean()), "expected"),
+    (lambda shards: torch.cat(shards).norm(), "your code puts the shards' values together"),
+    (lambda shards: torch.cat([s.reshape(-1) for s in shards]).norm(),
+     "puts the shards' values together"),
+    (lambda shards: [s.norm() for s in shards], "return the norm, one number"),
+    (lambda shards: torch.nn.utils.get_total_norm(shards), "uses the library's get_total_norm"),
 ])
-def test_global_norm_wrong_answers(wrong, hint):
-    with pytest.raises(ExerciseError, match=hint):
-        global_norm(wrong)
+def test_global_norm_wrong_answers(wrong, words):
+    hint = shown_report(global_norm, wrong, nb10, own_code, shard_trace)
+    assert words in hint, hint
+
+
+def test_every_exercise_has_a_second_hint():
+    for exercise_id in ("10.1", "10.2", "10.3", "10.4"):
+        assert hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint:")

@@ -3,20 +3,46 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
+from course_lib.check.answers import call, expect_type
 from course_lib.check.core import exercise, expect
+from course_lib.check.mp import zero_cases
+from course_lib.check.mp.harness import WORLD_SIZES, check_file
+from course_lib.check.mp.learner import find_learner_file
+from course_lib.check.mp.verdict import Advice
+from course_lib.check.own_code import expect_own_code
+from course_lib.check.shard_trace import traced_shards
 from course_lib.core.collectives import chunk_bounds
+from course_lib.runtime.workspace import record_pass
 
 RANGE_CASES = ((12, 4), (10, 4), (7, 3), (3, 4), (26574, 4), (5, 1))  # (numel, world size)
 
 
-@exercise("10.1")
+def whole(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def owned_pair(owned, numel: int, world_size: int, rank: int) -> tuple[int, int]:
+    got = call(owned, numel, world_size, rank)
+    expect_type(got, (tuple, list), "return the pair (start, end)")
+    expect(len(got) == 2, f"return two numbers, (start, end); your code returned {len(got)}")
+    expect(all(whole(v) for v in got), f"start and end must be whole numbers (int), got "
+                                       f"{tuple(got)}: / gives a float, // does not")
+    return int(got[0]), int(got[1])
+
+
+@exercise("10.1", second_hint=(
+    "Every rank gets numel // world_size values, and the numel % world_size values left over "
+    "go one each to the first ranks. Rank r starts after the values of ranks 0 .. r-1: count "
+    "those (how many of them got an extra one?), then add its own size for the end."))
 def owned_range(owned) -> None:
     """``owned(numel, world_size, rank)`` returns ``(start, end)`` of rank's chunk."""
+    expect_own_code(owned, chunk_bounds, "work out the bounds yourself, with divmod")
     for numel, world_size in RANGE_CASES:
-        got = [tuple(int(v) for v in owned(numel, world_size, r)) for r in range(world_size)]
+        got = [owned_pair(owned, numel, world_size, r) for r in range(world_size)]
         want = chunk_bounds(numel, world_size)
         if got == [tuple(b) for b in want]:
             continue
@@ -26,7 +52,7 @@ def owned_range(owned) -> None:
         expect(got[0][0] == 0 and all(got[r][1] == got[r + 1][0] for r in range(world_size - 1)),
                f"the chunks must follow each other without gaps: got {got}")
         expect(False, f"{numel} elements on {world_size} ranks: expected {want}, got {got}; "
-                      "as chunk_bounds, the first numel % world_size ranks get one more")
+                      "the extra elements go to the first ranks, one each")
 
 
 def reference_bytes(num_params: int, world_size: int, stage: int) -> float:
@@ -38,35 +64,147 @@ def reference_bytes(num_params: int, world_size: int, stage: int) -> float:
     return sum(shards[stage])
 
 
-@exercise("10.2")
+@exercise("10.2", second_hint=(
+    "Start from the three parts, each in bytes: parameters, gradients, optimizer state. "
+    "Stage 1 divides one of them by the world size, stage 2 one more, stage 3 all three. "
+    "Make sure every stage from 0 to 3 reaches a return."))
 def bytes_per_rank(model) -> None:
     """``model(num_params, world_size, stage)``: bytes per rank for ZeRO stage 0..3."""
+    expect_own_code(model, reference_bytes, "write the sum yourself")
     for num_params, world_size in ((1_000_000, 4), (26574, 2), (7_000_000_000, 8)):
         for stage in range(4):
-            got = float(model(num_params, world_size, stage))
+            got = call(model, num_params, world_size, stage)
+            expect_type(got, (int, float), f"return a number of bytes for every stage "
+                                           f"(stage {stage} here)")
             want = reference_bytes(num_params, world_size, stage)
-            if math.isclose(got, want, rel_tol=1e-9):
+            if math.isclose(float(got), want, rel_tol=1e-9):
                 continue
-            expect(stage != 0, f"stage 0 is plain data parallelism: 16 bytes per "
-                               f"parameter on every rank = {want:.0f}, got {got:.0f}")
+            expect(stage != 0, f"stage 0 is plain data parallelism: every rank holds all of "
+                               f"it, expected {want:.0f} bytes, got {float(got):.0f}")
             names = {1: "the optimizer state", 2: "the optimizer state and the gradients",
                      3: "the optimizer state, the gradients and the parameters"}
             expect(False, f"stage {stage}, {num_params} parameters on {world_size} ranks: "
-                          f"expected {want:.0f} bytes, got {got:.0f}; stage {stage} divides "
-                          f"{names[stage]} by the world size, and keeps the rest whole")
+                          f"expected {want:.0f} bytes, got {float(got):.0f}; stage {stage} "
+                          f"divides {names[stage]} by the world size, and keeps the rest whole")
 
 
-@exercise("10.3")
+@exercise("10.3", second_hint=(
+    "The squared norm of the whole vector is the sum of the squares of all its values. Group "
+    "that sum by shard: each rank can compute its part alone, one number. Add the N numbers "
+    "(that is the all-reduce), then take the square root once, at the end."))
 def global_norm(norm_of_shards) -> None:
-    """``norm_of_shards(shards)``: the norm of the whole gradient from its pieces."""
+    """``norm_of_shards(shards)``: the norm of the whole gradient from one number per shard."""
+    for name in ("get_total_norm", "clip_grad_norm_"):
+        expect_own_code(norm_of_shards, getattr(torch.nn.utils, name),
+                        "combine one number per rank yourself", name)
     g = torch.Generator().manual_seed(0)
     for sizes in ((5, 5), (3, 4, 5), (1, 10, 2, 7)):
         shards = [torch.randn(n, generator=g, dtype=torch.float64) for n in sizes]
-        got = float(norm_of_shards([s.clone() for s in shards]))
+        traced, log = traced_shards(shards)
+        got = call(norm_of_shards, traced)
+        expect(not log.mixed, f"your code puts the shards' values together ({log.mixed[:1]}): "
+                              "no rank holds the other ranks' chunks; each rank may send ONE "
+                              "number, computed from its own chunk")
+        expect_type(got, (int, float, torch.Tensor), "return the norm, one number")
+        expect(not isinstance(got, torch.Tensor) or got.numel() == 1,
+               "return the norm, one number (a float or a 0-d tensor)")
+        got = float(got)
         want = float(torch.cat(shards).norm())
         summed = sum(float(s.norm()) for s in shards)
         expect(not math.isclose(got, summed, rel_tol=1e-9),
-               "norms do not add up: the squares do. Add the squared norms, then take the "
-               "square root")
+               "norms do not add up: the squares do")
+        expect(not math.isclose(got, want ** 2, rel_tol=1e-9),
+               "that is the SQUARED norm of the whole gradient: one step is missing")
         expect(math.isclose(got, want, rel_tol=1e-9),
                f"expected {want:.6f} (the norm of all shards put together), got {got:.6f}")
+
+
+# ---- a ZeRO-1 step: the learner's own file, launched on 2, 3 and 4 processes -------------
+
+MY_ZERO_FILE = "workspace/my_zero.py"
+ZERO_CASES = "course_lib.check.mp.zero_cases"
+SAME_HALVES = ("every rank must call ring_reduce_scatter and then ring_all_gather on the "
+               "whole flat tensor, once per step")
+ZERO_ADVICE = Advice(all_send=f"The ranks' messages did not pair up: {SAME_HALVES}.",
+                     all_recv=f"The ranks' messages did not pair up: {SAME_HALVES}.",
+                     mismatch=f"The ranks' messages did not pair up: {SAME_HALVES}.",
+                     size=f"Two ranks sent tensors of different sizes: {SAME_HALVES}.")
+
+
+def judge_zero_setup(summary: dict, by_rank: dict, n: int, numel: int, per_value: int) -> None:
+    """What make_shard_optimizer built: an optimizer over this rank's chunk, 1/N of the state."""
+    expect(summary["is_optimizer"], f"make_shard_optimizer must return the optimizer (a "
+                                    f"torch.optim optimizer); it returned a "
+                                    f"{summary['returned']}")
+    for rank in range(n):
+        s = by_rank[rank]
+        start, end = s["chunk"]
+        expect(n == 1 or s["state_elements"] != per_value * numel,
+               f"rank {rank}'s optimizer keeps state for all {numel} values: ZeRO-1 gives "
+               "each rank the state of its own chunk only, 1/N of it")
+        shard = s["shard"] or [start, end]  # None: not a view of flat_params, judged below
+        expect(shard == [start, end],
+               f"rank {rank}'s optimizer works on values {shard[0]}..{shard[1]} (end excluded), "
+               f"but the reduce-scatter leaves rank {rank} the sum of {start}..{end}: cut the "
+               "chunks as the ring does")
+        expect(s["state_elements"] == per_value * (end - start),
+               f"rank {rank}'s optimizer state holds {s['state_elements']} numbers; for its "
+               f"chunk of {end - start} values it should hold {per_value * (end - start)}")
+
+
+def judge_zero_calls(summary: dict) -> None:
+    reduced = {"all_reduce", "ring_all_reduce", "naive_all_reduce",
+               "recursive_doubling_all_reduce"} & {*summary["collectives"], *summary["library"]}
+    expect(not reduced,
+           "zero1_step all-reduces: ZeRO-1 needs only its own chunk's sum (the reduce-scatter) "
+           "and then the other chunks' new values (the all-gather), from the course's ring")
+
+
+def judge_zero_values(spec: dict, by_rank: dict, n: int) -> None:
+    want = zero_cases.reference(spec, n)["after"]
+    start_values = zero_cases.initial_parameters(spec).tolist()
+    for step in range(zero_cases.STEPS):
+        for rank in range(n):
+            got = torch.tensor(by_rank[rank]["after"][step])
+            if torch.allclose(got, torch.tensor(want[step]), rtol=1e-9, atol=1e-12):
+                continue
+            start, end = by_rank[rank]["chunk"]
+            before = torch.tensor(want[step - 1] if step else start_values)
+            outside = torch.cat([got[:start], got[end:]])
+            expect(not torch.equal(outside, torch.cat([before[:start], before[end:]])),
+                   f"after step {step + 1}, rank {rank}'s own chunk is updated but the other "
+                   "values are still the old ones: each rank must get every other chunk from "
+                   "its owner")
+            summed = zero_cases.reference(spec, n, grad_scale=n)["after"][step]
+            expect(not torch.allclose(got, torch.tensor(summed), rtol=1e-9, atol=1e-12),
+                   "the step used the SUM of the ranks' gradients: the reduce-scatter adds "
+                   "them up, and plain data parallelism steps with their mean")
+            gap = float((got - torch.tensor(want[step])).abs().max())
+            expect(False, f"after step {step + 1}, rank {rank}'s parameters differ from plain "
+                          f"data parallelism by up to {gap:.2e}")
+    for rank in range(1, n):
+        expect(by_rank[rank]["after"] == by_rank[0]["after"],
+               f"rank {rank}'s parameters are not rank 0's, bit for bit")
+
+
+def judge_zero_case(summary: dict, by_rank: dict, run) -> None:
+    n = summary["ranks"]
+    spec = {s["name"]: s for s in zero_cases.case_specs(n, {})}[summary["name"]]
+    per_value = zero_cases.reference(spec, n)["state_per_value"]
+    judge_zero_setup(summary, by_rank, n, spec["numel"], per_value)
+    judge_zero_calls(summary)
+    judge_zero_values(spec, by_rank, n)
+
+
+@exercise("10.4", second_hint=(
+    "make_shard_optimizer: take this rank's (start, end) from chunk_bounds, wrap the slice "
+    "flat_params[start:end] (a view: its updates land in flat_params) in torch.nn.Parameter "
+    "and give only that to optimizer_class. zero1_step: ring_reduce_scatter the flat "
+    "gradient, set the shard's .grad to your chunk of it divided by the world size, "
+    "optimizer.step(), then ring_all_gather the flat parameters."))
+def my_zero(path: str = MY_ZERO_FILE, world_sizes=WORLD_SIZES) -> None:
+    """``make_shard_optimizer`` and ``zero1_step`` in the learner's file."""
+    learner = find_learner_file(path, ("make_shard_optimizer", "zero1_step"))
+    check_file(learner, ZERO_CASES, {}, world_sizes, ZERO_ADVICE, judge_zero_case,
+               deadline_s=zero_cases.DEADLINE_S)
+    record_pass("10.4", path)
