@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: paths are shown fr
 
 def where(obj) -> str:
     """``course_lib/core/collectives.py, line 12``: where ``obj`` is defined."""
+    obj = inspect.unwrap(obj)  # a decorated function (@torch.no_grad()): its own file
     path = Path(inspect.getsourcefile(obj)).resolve()
     line = inspect.getsourcelines(obj)[1]
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
