@@ -34,15 +34,17 @@ def code_lines(module) -> set[str]:
             if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
 
 
-def report_of(checker, *answer) -> list[str]:
-    """The report ``checker(*answer)`` shows; asserts it is short and free of checker code."""
+def report_of(checker, *answer, modules=(), **kwargs) -> list[str]:
+    """The report ``checker(*answer, **kwargs)`` shows; asserts it is short and free of the
+    code of the checker's module, the shared ones and ``modules``."""
     with pytest.raises(ExerciseError) as caught:
-        checker(*answer)
+        checker(*answer, **kwargs)
     lines = rendered(caught.value)
     assert 1 < len(lines) <= report.MAX_LINES, lines
     shown = "\n".join(lines)
     module = inspect.getmodule(inspect.unwrap(checker))
-    leaked = [line for m in [module, *SHARED] for line in code_lines(m) if line in shown]
+    leaked = [line for m in [module, *SHARED, *modules] for line in code_lines(m)
+              if line in shown]
     assert not leaked, f"checker code in the report: {leaked}"
     return lines
 
@@ -54,3 +56,10 @@ def hint_of(checker, *answer) -> str:
     for line in report_of(checker, *answer):
         text += line if not text or text.endswith("-") else " " + line
     return text
+
+
+def shown_report(checker, answer, *modules, **kwargs) -> str:
+    """The report of ``checker(answer, **kwargs)`` as one line of text, checked as
+    ``report_of`` checks it (``modules``: more files whose code must not show)."""
+    return " ".join(line.strip() for line in report_of(checker, answer, modules=modules,
+                                                        **kwargs))

@@ -2,9 +2,9 @@
 (at most report.MAX_LINES lines, no line of the checker's code)."""
 
 import pytest
-from report_checks import shown_report
+from check_reports import shown_report
 
-from course_lib.check import nb07, own_code
+from course_lib.check import nb07, own_work
 from course_lib.check.hints import hint_text
 from course_lib.check.nb07 import scale_loss, shard_rows
 from course_lib.core.accumulation import scale_by_global_tokens
@@ -59,7 +59,7 @@ def library_through_module(global_size, rank, k, world_size, accum_steps):
     (micro_batch_slice, "uses the library's micro_batch_slice"),
 ])
 def test_shard_wrong_answers(wrong, words):
-    hint = shown_report(shard_rows, wrong, nb07, own_code)
+    hint = shown_report(shard_rows, wrong, nb07, own_work)
     assert words in hint, hint
 
 
@@ -79,7 +79,7 @@ def test_scale_reference(capsys):
      "uses the library's scale_by_global_tokens"),
 ])
 def test_scale_wrong_answers(wrong, words):
-    hint = shown_report(scale_loss, wrong, nb07, own_code)
+    hint = shown_report(scale_loss, wrong, nb07, own_work)
     assert words in hint, hint
 
 

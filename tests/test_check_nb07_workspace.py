@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from report_checks import shown_report
+from check_reports import shown_report
 
 from course_lib.check import nb07
 from course_lib.check.mp import dp_step_cases

@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
-from report_checks import shown_report
+from check_reports import shown_report
 
-from course_lib.check import nb10, own_code, shard_trace
+from course_lib.check import nb10, own_work, shard_trace
 from course_lib.check.hints import hint_text
 from course_lib.check.nb10 import bytes_per_rank, global_norm, owned_range, reference_bytes
 from course_lib.core.collectives import chunk_bounds
@@ -55,7 +55,7 @@ def test_owned_reference(capsys):
      "uses the library's chunk_bounds"),
 ])
 def test_owned_wrong_answers(wrong, words):
-    hint = shown_report(owned_range, wrong, nb10, own_code)
+    hint = shown_report(owned_range, wrong, nb10, own_work)
     assert words in hint, hint
 
 
@@ -102,7 +102,7 @@ def test_bytes_reference(capsys):
     (lambda p, n, stage: reference_bytes(p, n, stage), "uses the library's reference_bytes"),
 ])
 def test_bytes_wrong_answers(wrong, words):
-    hint = shown_report(bytes_per_rank, wrong, nb10, own_code)
+    hint = shown_report(bytes_per_rank, wrong, nb10, own_work)
     assert words in hint, hint
 
 
@@ -131,7 +131,7 @@ def test_global_norm_reference(right, capsys):
     (lambda shards: torch.nn.utils.get_total_norm(shards), "uses the library's get_total_norm"),
 ])
 def test_global_norm_wrong_answers(wrong, words):
-    hint = shown_report(global_norm, wrong, nb10, own_code, shard_trace)
+    hint = shown_report(global_norm, wrong, nb10, own_work, shard_trace)
     assert words in hint, hint
 
 

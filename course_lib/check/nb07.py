@@ -12,7 +12,7 @@ from course_lib.check.mp import dp_step_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
-from course_lib.check.own_code import expect_own_code
+from course_lib.check.own_work import expect_own_code
 from course_lib.core.accumulation import scale_by_global_tokens
 from course_lib.runtime.workspace import record_pass
 from course_lib.tasks.batching import micro_batch_slice

@@ -13,7 +13,7 @@ from course_lib.check.mp import zero_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
-from course_lib.check.own_code import expect_own_code
+from course_lib.check.own_work import expect_own_code
 from course_lib.check.shard_trace import traced_shards
 from course_lib.core.collectives import chunk_bounds
 from course_lib.runtime.workspace import record_pass

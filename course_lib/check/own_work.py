@@ -67,14 +67,41 @@ def _code_objects(code: types.CodeType):
             yield from _code_objects(const)
 
 
+def _all_names(function) -> set[str]:
+    """Every global, attribute, local and free-variable name the function's code mentions."""
+    code = getattr(getattr(function, "__func__", function), "__code__", None)  # methods too
+    seen = set()
+    for part in _code_objects(code) if code is not None else ():
+        seen.update(part.co_names, part.co_varnames, part.co_freevars)
+    return seen
+
+
 def names_used(function, names: tuple[str, ...]) -> list[str]:
     """The names among ``names`` that ``function``'s code refers to, in the order given: a
     call ``plan_buckets(...)`` and ``buckets.plan_buckets(...)`` alike."""
-    code = getattr(getattr(function, "__func__", function), "__code__", None)  # methods too
-    if code is None:
-        return []
-    seen = set()
-    for part in _code_objects(code):
-        seen.update(part.co_names)
-        seen.update(part.co_varnames)
+    seen = _all_names(function)
     return [name for name in names if name in seen]
+
+
+def _objects_used(function) -> list:
+    """The objects behind the names: the function's globals and its closure's cells."""
+    scope = getattr(function, "__globals__", {})
+    cells = []
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    return [scope[name] for name in _all_names(function) if name in scope] + cells
+
+
+def expect_own_code(function, library_function, what: str, name: str | None = None) -> None:
+    """``ExerciseError`` when ``function`` is, names or holds ``library_function`` (known as
+    ``name`` where its ``__name__`` differs from the name it is called by), even imported
+    under another name; ``what`` says what to do instead."""
+    name = name or library_function.__name__
+    uses = (function is library_function or name in _all_names(function)
+            or any(obj is library_function for obj in _objects_used(function)))
+    if uses:
+        raise ExerciseError(f"your function uses the library's {name}, which is the answer "
+                            f"itself: {what}")
