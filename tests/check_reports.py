@@ -34,19 +34,24 @@ def code_lines(module) -> set[str]:
             if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
 
 
-def report_of(checker, *answer, modules=(), **kwargs) -> list[str]:
-    """The report ``checker(*answer, **kwargs)`` shows; asserts it is short and free of the
-    code of the checker's module, the shared ones and ``modules``."""
-    with pytest.raises(ExerciseError) as caught:
-        checker(*answer, **kwargs)
-    lines = rendered(caught.value)
+def checked_lines(error: ExerciseError, *modules) -> list[str]:
+    """The lines ``error`` shows, after asserting there are at most ``report.MAX_LINES`` and
+    that none holds a line of code of ``modules`` or of the shared checker modules."""
+    lines = rendered(error)
     assert 1 < len(lines) <= report.MAX_LINES, lines
     shown = "\n".join(lines)
-    module = inspect.getmodule(inspect.unwrap(checker))
-    leaked = [line for m in [module, *SHARED, *modules] for line in code_lines(m)
-              if line in shown]
+    leaked = [line for m in [*SHARED, *modules] for line in code_lines(m) if line in shown]
     assert not leaked, f"checker code in the report: {leaked}"
     return lines
+
+
+def report_of(checker, *answer, modules=(), **kwargs) -> list[str]:
+    """The report ``checker(*answer, **kwargs)`` shows, checked by ``checked_lines`` against
+    the checker's module and ``modules``."""
+    with pytest.raises(ExerciseError) as caught:
+        checker(*answer, **kwargs)
+    module = inspect.getmodule(inspect.unwrap(checker))
+    return checked_lines(caught.value, module, *modules)
 
 
 def hint_of(checker, *answer) -> str:

@@ -1,14 +1,14 @@
 """Notebook 08's checkers: the reference answers pass, realistic wrong answers get a hint."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 import torch
+from check_reports import shown_report
 
 from course_lib import check
-from course_lib.check import answers, core, nb08, own_work, report
+from course_lib.check import nb08
 from course_lib.check.core import ExerciseError
 from course_lib.check.nb08 import buckets_by_hand, exposed_communication
 from course_lib.core.buckets import plan_buckets
@@ -123,22 +123,6 @@ def test_exposed_wrong_answers(wrong, hint):
 # ---- what a learner sees: the hint, at most 10 lines, none of the checker's code ----------
 
 ROOT = Path(__file__).resolve().parent.parent
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-CHECKER_FILES = [nb08.__file__, core.__file__, report.__file__, answers.__file__,
-                 own_work.__file__]
-
-
-def shown_report(checker, answer) -> str:
-    """The lines the notebook shows for a wrong ``answer``, checked for length and leaks."""
-    with pytest.raises(ExerciseError) as caught:
-        checker(answer)
-    lines = [ANSI.sub("", line) for line in caught.value._render_traceback_()]
-    assert 1 < len(lines) <= report.MAX_LINES
-    shown = "\n".join(lines)
-    code = {line.strip() for path in CHECKER_FILES for line in Path(path).read_text().split("\n")
-            if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
-    assert not [line for line in code if line in shown], shown
-    return " ".join(line.strip() for line in lines)
 
 
 def plan_with_the_library(sizes, cap):

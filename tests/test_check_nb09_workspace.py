@@ -2,31 +2,20 @@
 launched on 2, 3 and 4 processes and compared with one process on the whole batches; realistic
 wrong versions get the hint that names their mistake."""
 
-import re
-from pathlib import Path
-
 import pytest
+from check_reports import checked_lines
 
-from course_lib.check import core, nb09, report
+from course_lib.check import nb09
 from course_lib.check.core import ExerciseError
 from course_lib.check.mp import ddp_script_cases, harness, verdict
 from course_lib.runtime.workspace import has_passed
 
 pytestmark = pytest.mark.slow
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-CHECKER_FILES = [nb09.__file__, ddp_script_cases.__file__, harness.__file__, verdict.__file__,
-                 core.__file__, report.__file__]
 
 
 def shown(error: ExerciseError) -> str:
-    """What the notebook shows: at most 10 lines, none of them the checker's code."""
-    lines = [ANSI.sub("", line) for line in error._render_traceback_()]
-    assert 1 < len(lines) <= report.MAX_LINES, lines
-    text = "\n".join(lines)
-    code = {line.strip() for path in CHECKER_FILES for line in Path(path).read_text().split("\n")
-            if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
-    assert not [line for line in code if line in text], text
-    return text
+    """What the notebook shows (short, free of checker code: ``check_reports``)."""
+    return "\n".join(checked_lines(error, nb09, ddp_script_cases, harness, verdict))
 
 
 def hint_for(workspace, answer: str, world_sizes=(3,)) -> str:
