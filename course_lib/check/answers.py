@@ -64,6 +64,15 @@ def call(function, *args, **kwargs):
         raise LearnerCodeError(error, during=f"{name}({', '.join(shown)})") from error
 
 
+def expect_function(answer, call_shown: str) -> None:
+    """``ExerciseError`` unless ``answer`` is a function: a learner who passed what their
+    function returned, ``check(f(...))`` instead of ``check(f)``, is told so.
+    ``call_shown`` is the right call, e.g. ``"check.nb08.buckets_by_hand(plan_by_hand)"``."""
+    if not callable(answer):
+        raise ExerciseError(f"pass the function itself, {call_shown}, without calling it; "
+                            f"you passed {describe(answer)}")
+
+
 def expect_type(value, types: type | tuple[type, ...], what: str) -> None:
     """``ExerciseError`` unless ``value`` is one of ``types``; ``what`` says what to return.
 

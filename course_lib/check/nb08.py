@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from course_lib.check.answers import call, describe, expect_type
+from course_lib.check.answers import call, describe, expect_function, expect_type
 from course_lib.check.core import exercise, expect
 from course_lib.check.mp import hook_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
@@ -35,11 +35,6 @@ def reference_buckets(sizes: list[int], cap: int) -> list[list[int]]:
     return [[order[position] for position in bucket] for bucket in plan]
 
 
-def expect_function(answer, name: str) -> None:
-    expect(callable(answer), f"pass the function itself, check.nb08.checker({name}), without "
-                             f"calling it; you passed {type(answer).__name__}")
-
-
 @exercise("8.1", second_hint=(
     "Walk the indices from the last to the first (reversed(range(len(sizes)))), keeping a "
     "running total of the open bucket's bytes. Before adding a parameter, ask whether it "
@@ -47,7 +42,7 @@ def expect_function(answer, name: str) -> None:
     "and restart the total. A parameter bigger than cap then lands alone in a new bucket."))
 def buckets_by_hand(plan) -> None:
     """``plan(sizes, cap)`` returns buckets of parameter indices, in launch order."""
-    expect_function(plan, "plan_by_hand")
+    expect_function(plan, "check.nb08.buckets_by_hand(plan_by_hand)")
     used = names_used(plan, ("plan_buckets", "make_buckets", "BucketedDataParallel"))
     expect(not used, f"your function calls the library's {(used or [''])[0]}: the point is to "
                      "plan the buckets yourself, with a loop over the parameters")
@@ -108,7 +103,7 @@ def reference_exposed_ms(events: list[dict]) -> float:
     "new exposed time. Remember the result is in milliseconds, the events in seconds."))
 def exposed_communication(exposed_ms) -> None:
     """``exposed_ms(events)``: milliseconds of communication NOT hidden under backward."""
-    expect_function(exposed_ms, "exposed_ms")
+    expect_function(exposed_ms, "check.nb08.exposed_communication(exposed_ms)")
     used = names_used(exposed_ms, ("overlap_summary",))
     expect(not used, "your function calls the library's overlap_summary: the point is to "
                      "measure the exposed time yourself, from the events")

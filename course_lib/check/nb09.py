@@ -12,7 +12,7 @@ import tempfile
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from course_lib.check.answers import call, describe
+from course_lib.check.answers import call, describe, expect_function
 from course_lib.check.core import exercise, expect
 from course_lib.check.mp import ddp_script_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
@@ -31,11 +31,6 @@ def reference_indices(size: int, world_size: int, rank: int, epoch: int, seed: i
     return list(sampler)
 
 
-def expect_function(answer, name: str) -> None:
-    expect(callable(answer), f"pass the function itself, check.nb09.checker({name}), without "
-                             f"calling it; you passed {describe(answer)}")
-
-
 @exercise("9.1", second_hint=(
     "Make a torch.Generator, seed it with seed + epoch, and draw "
     "torch.randperm(size, generator=g).tolist(). The total length is the smallest multiple "
@@ -44,7 +39,7 @@ def expect_function(answer, name: str) -> None:
     "world_size."))
 def sampler_by_hand(indices) -> None:
     """``indices(size, world_size, rank, epoch, seed)``: what DistributedSampler gives."""
-    expect_function(indices, "sampler_indices")
+    expect_function(indices, "check.nb09.sampler_by_hand(sampler_indices)")
     used = names_used(indices, ("DistributedSampler", "sampler_orders"))
     expect(not used, f"your function uses {(used or [''])[0]}: the point is to write what it "
                      "does yourself, with torch.randperm and a slice")
@@ -107,7 +102,7 @@ def _load(path: str):
     "errors pass through (no try/except)."))
 def atomic_save(save) -> None:
     """``save(obj, path)`` must leave either the old file or the new one, never half."""
-    expect_function(save, "save_atomic")
+    expect_function(save, "check.nb09.atomic_save(save_atomic)")
     used = names_used(save, ("write_atomic", "save_checkpoint"))
     expect(not used, f"your function calls the library's {(used or [''])[0]}: the point is to "
                      "write the two steps yourself")
