@@ -5,10 +5,9 @@ import shutil
 
 import pytest
 import torch.distributed as dist
+from demo_runs import PINGPONG_SIZES
 
 from course_lib.runtime.launch import launch
-
-PINGPONG_SIZES = [8, 1024, 65536, 1048576, 4194304]  # bytes, as notebook 06's ring trace
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ One launch per (module, world size), shared by the tests that read it (module-sc
 
 import pytest
 import torch
-from conftest import PINGPONG_SIZES  # the sizes the shared ring-trace launch uses
+from demo_runs import PINGPONG_SIZES  # the sizes of the shared ring-trace launch
 
 from course_lib.core.accumulation import count_target_tokens
 from course_lib.core.collectives import chunk_bounds
