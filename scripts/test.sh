@@ -46,7 +46,10 @@ if [ "$what" != notebooks ]; then
     echo "[browser] SKIPPED: no Chromium at $chromium, so the JupyterLab browser test does not" \
          "run (apt-get install chromium, or set COURSE_CHROMIUM)"
   fi
-  pytest_args=(tests -q -p no:cacheprovider)
+  # three test processes on two cores: most tests wait (for launched processes to start, or
+  # for a deadlock's timeout) rather than compute; one file stays on one test process, so
+  # a module's shared launch runs once
+  pytest_args=(tests -q -p no:cacheprovider -n 3 --dist loadfile)
   if [ "$what" = quick ]; then pytest_args+=(-m "not slow"); fi  # the marker: pyproject.toml
   run python -m pytest "${pytest_args[@]}" || status=1
 fi

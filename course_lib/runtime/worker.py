@@ -129,10 +129,6 @@ def worker(seed: int = 0, timeout_s: float | None = None, backend: str | None = 
     try:
         yield Worker(rank, world_size, local_rank, local_world_size, backend, device,
                      dist.group.WORLD)
-        # Leave together: a rank that closes its connections while a peer still reads from
-        # them can make the peer's communication thread abort (seen with separate torchrun
-        # agents, as in a multi-node rehearsal).
-        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -215,6 +215,10 @@ def run_worker(config: TrainConfig) -> dict:
                 seed_everything(config.seed + w.rank)
                 result["by_sync"][name] = train(config, w, name)
         save_result(result)
+        # Leave together: a rank that closes its connections while a peer still reads from
+        # them can make the peer's communication thread abort (seen with one torchrun agent
+        # per node, as in the multi-node rehearsal of notebook 09).
+        dist.barrier(group=w.group)
         return result
 
 
