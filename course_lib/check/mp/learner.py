@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from course_lib.runtime.workspace import load_file
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
              "Socket closed", "pair closure", "remote worker crash")
 TIMED_OUT = ("Timed out waiting", "timed out")
+# the line a student copy holds in place of a solution (scripts/student_copies.py)
+MARKED_LINE = re.compile(r'raise NotImplementedError\(\s*"Exercise \d+\.\d+: replace this line')
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,19 @@ def find_learner_file(path: str, functions: tuple[str, ...]) -> LearnerFile:
         raise ExerciseError(f"{path} defines no function {missing[0]}: write "
                             f"`def {missing[0]}(...):` at the top level of the file "
                             "(not inside another function or the __main__ block)")
+    if still_open(tree, text, functions):  # "not done yet" at once, without a launch
+        raise NotImplementedError(f"{path} still holds its exercise's marked line")
     return LearnerFile(path, tuple(functions))
+
+
+def still_open(tree: ast.Module, text: str, functions: tuple[str, ...]) -> bool:
+    """Whether the marked line of a student copy is still in one of ``functions`` (in the
+    whole file when none is named)."""
+    if not functions:
+        return bool(MARKED_LINE.search(text))
+    return any(MARKED_LINE.search(ast.get_source_segment(text, node) or "")
+               for node in tree.body
+               if isinstance(node, ast.FunctionDef) and node.name in functions)
 
 
 def load_learner(path: str) -> ModuleType:
