@@ -54,7 +54,10 @@ def nothing_may_start(monkeypatch):
     monkeypatch.setattr("course_lib.runtime.launch._run_once", started)
 
 
-def test_two_ranks_stream_output_and_return_result(capsys):
+@pytest.mark.parametrize("fork", [True, False], ids=["ranks forked", "fresh interpreters"])
+def test_two_ranks_stream_output_and_return_result(capsys, monkeypatch, fork):
+    # Linux forks the ranks from torchrun's agent; macOS starts a fresh interpreter per rank
+    monkeypatch.setattr(launch_module, "FORK_WORKERS", fork)
     run = launch("course_lib.demos.hello", nproc=2, timeout_s=60)
     printed = capsys.readouterr().out
     assert run.returncode == 0
@@ -71,7 +74,9 @@ def test_quiet_run_prints_nothing(capsys):
     assert run.result[0]["world_size"] == 1
 
 
-def test_a_rank_that_raises_is_named_and_everything_ends():
+@pytest.mark.parametrize("fork", [True, False], ids=["ranks forked", "fresh interpreters"])
+def test_a_rank_that_raises_is_named_and_everything_ends(monkeypatch, fork):
+    monkeypatch.setattr(launch_module, "FORK_WORKERS", fork)
     tag = new_tag()
     start = time.monotonic()
     with pytest.raises(LaunchError) as err:

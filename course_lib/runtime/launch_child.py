@@ -2,17 +2,18 @@
 
 - ``python -m course_lib.runtime.launch_child agent TORCHRUN_ARGS...`` runs torchrun's agent,
   and dies when the launching process (a notebook kernel, a shell) dies, even if it is killed hard.
-- torchrun then runs ``-m course_lib.runtime.launch_child worker RUN_DIR TARGET ARGS...`` once
-  per rank: it dies with the agent, sends everything the rank prints (C-level output too) to
-  ``RUN_DIR/rank{R}.log``, runs TARGET as ``__main__`` and records how the rank ended in
-  ``RUN_DIR/rank{R}.exit``. The launcher reads those files to stream output and name a failing
-  rank.
+- torchrun then runs ``launch_child worker RUN_DIR TARGET ARGS...`` once per rank (on Linux
+  in a process forked from the agent, elsewhere in a fresh interpreter): it dies with the
+  agent, sends everything the rank prints (C-level output too) to ``RUN_DIR/rank{R}.log``,
+  runs TARGET as ``__main__`` and records how the rank ended in ``RUN_DIR/rank{R}.exit``.
+  The launcher reads those files to stream output and name a failing rank.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import multiprocessing
 import os
 import runpy
 import signal
@@ -89,6 +90,22 @@ def print_user_traceback(error: BaseException) -> None:
     print("".join(tb.format()), end="", file=sys.stderr)
 
 
+def hand_back_to_agent() -> None:
+    """A forked rank that finished: give torchrun's agent the return value it waits for, then
+    leave at once, as a fresh interpreter's rank does. (Returning instead keeps the rank, and
+    its connections, alive until every rank has finished: a peer left waiting in a collective
+    this rank skipped would only see its timeout, not "peer gone".) The value travels in the
+    queue of torchrun's ``_wrap``, this function's caller; if that ever changes, just return."""
+    frame = sys._getframe()
+    while frame is not None and frame.f_code.co_name != "_wrap":
+        frame = frame.f_back
+    queue = frame.f_locals.get("ret_val_") if frame is not None else None
+    if queue is None or not hasattr(queue, "put"):
+        return
+    queue.put(None)  # what the worker function returned
+    os._exit(0)
+
+
 def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     """One rank: tie to the agent, redirect output, run the target, record the exit."""
     die_with_parent()
@@ -112,6 +129,8 @@ def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     sys.stderr.flush()
     write_json_atomic(exit_path, {"rank": rank, "code": code, "error": error,
                                   "time": time.time()})
+    if code == 0 and multiprocessing.parent_process() is not None:
+        hand_back_to_agent()  # forked by torchrun's agent: it waits for a return value
     # Leave now: the work is done and recorded. A normal interpreter exit runs C++ destructors
     # while Gloo's threads may still run, which can abort ("terminate called without an
     # active exception") and turn a finished rank into a failed one.
