@@ -57,7 +57,8 @@ fi
 if [ "$what" = all ] || [ "$what" = notebooks ]; then
   echo "== notebooks (nbval: every cell re-run, every text output compared)"
   run python scripts/check_notebook.py notebooks/[0-9][0-9]_*.ipynb || status=1
-  run python -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+  # two notebooks at a time, each in its own kernel, its cells in order (--dist loadfile)
+  run python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env \
     --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout=600 \
     --timeout=0 notebooks/ || status=1
 fi
