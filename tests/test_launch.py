@@ -219,3 +219,14 @@ def test_save_result_only_from_rank_0_of_a_launched_run(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     assert save_result({"x": 1}) is True
     assert path.read_text() == '{"x": 1}'
+
+
+def test_the_launch_benchmark_compares_forked_ranks_with_fresh_ones():
+    done = subprocess.run([sys.executable, "scripts/bench_launch.py", "--nproc", "2",
+                           "--repeats", "1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=HANG_S * 3)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "2 processes, median of 1 launches each:", done.stdout
+    assert "ranks forked from torchrun" in lines[1] and "a fresh Python per rank" in lines[2]
+    assert lines[3].startswith("  fresh / forked: wall x"), done.stdout
