@@ -221,6 +221,7 @@ def test_save_result_only_from_rank_0_of_a_launched_run(tmp_path, monkeypatch):
     assert path.read_text() == '{"x": 1}'
 
 
+@pytest.mark.slow
 def test_the_launch_benchmark_compares_forked_ranks_with_fresh_ones():
     done = subprocess.run([sys.executable, "scripts/bench_launch.py", "--nproc", "2",
                            "--repeats", "1"], cwd=ROOT, capture_output=True, text=True,
