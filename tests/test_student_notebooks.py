@@ -35,10 +35,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # the script and the modules beside i
 import student_copies  # noqa: E402
 
 # notebook -> {"open" | "answered": {cell: the missing name it stops on}}; the notebook's cells
-NEEDS_EARLIER_CELLS: dict[str, dict[str, dict[int, str]]] = {
-    # cell 31 times the learner's exposed_ms on `rows`, the results of cell 14 (section 4)
-    "08_bucketing_and_overlap": {"open": {31: "rows"}, "answered": {31: "rows"}},
-}
+NEEDS_EARLIER_CELLS: dict[str, dict[str, dict[int, str]]] = {}  # none today
 MISSING_NAME = re.compile(r"NameError: name '(\w+)' is not defined")
 
 
