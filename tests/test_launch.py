@@ -231,3 +231,21 @@ def test_the_launch_benchmark_compares_forked_ranks_with_fresh_ones():
     assert lines[0] == "2 processes, median of 1 launches each:", done.stdout
     assert "ranks forked from torchrun" in lines[1] and "a fresh Python per rank" in lines[2]
     assert lines[3].startswith("  fresh / forked: wall x"), done.stdout
+
+
+SIGNAL_HANDLERS = """
+import signal
+from course_lib.runtime.launch import save_result
+save_result([signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+             signal.getsignal(signal.SIGINT) is signal.default_int_handler])
+"""
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["ranks forked", "fresh interpreters"])
+def test_a_rank_has_a_fresh_interpreters_signal_handlers(tmp_path, monkeypatch, fork):
+    # a forked rank would otherwise keep torchrun's SIGTERM handler, which raises an exception:
+    # a rank stopped because a peer died would then look like a rank that failed by itself
+    monkeypatch.setattr(launch_module, "FORK_WORKERS", fork)
+    script = tmp_path / "handlers.py"
+    script.write_text(SIGNAL_HANDLERS)
+    assert launch(str(script), nproc=1, timeout_s=HANG_S, quiet=True).result == [True, True]

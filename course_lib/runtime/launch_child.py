@@ -106,8 +106,17 @@ def hand_back_to_agent() -> None:
     os._exit(0)
 
 
+def default_signal_handlers() -> None:
+    """A rank forked from torchrun's agent inherits the agent's handlers (SIGTERM raising an
+    exception, ...); give it a fresh interpreter's, so that a signal ends it the same way."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     """One rank: tie to the agent, redirect output, run the target, record the exit."""
+    default_signal_handlers()
     die_with_parent()
     rank = int(os.environ.get("RANK", "0"))
     redirect_output(os.path.join(run_dir, f"rank{rank}.log"))
