@@ -95,7 +95,7 @@ def hand_back_to_agent() -> None:
     leave at once, as a fresh interpreter's rank does. (Returning instead keeps the rank, and
     its connections, alive until every rank has finished: a peer left waiting in a collective
     this rank skipped would only see its timeout, not "peer gone".) The value travels in the
-    queue of torchrun's ``_wrap``, this function's caller; if that ever changes, just return."""
+    queue of torchrun's ``_wrap``, further up this stack; if that ever changes, just return."""
     frame = sys._getframe()
     while frame is not None and frame.f_code.co_name != "_wrap":
         frame = frame.f_back
