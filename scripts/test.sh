@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything CI checks, from a fresh clone: the environment, lint, unit tests, then every
-# notebook re-executed and compared with its saved outputs by nbval.
+# Everything CI checks, from a fresh clone: the environment, lint, then in one pytest session
+# the unit tests and every notebook re-executed and compared with its saved outputs by nbval.
 #   scripts/test.sh              all of it (what CI runs)
 #   scripts/test.sh --quick      lint and the fast unit tests (those not marked slow)
 #   scripts/test.sh --unit       lint and every unit test
@@ -38,7 +38,6 @@ start=$(date +%s)
 if [ "$what" != notebooks ]; then
   echo "== lint (ruff)"
   run ruff check course_lib tests scripts || status=1
-  echo "== unit tests"
   chromium="${COURSE_CHROMIUM:-/usr/bin/chromium}"
   if [ -x "$chromium" ]; then
     echo "[browser] $chromium found: the JupyterLab browser test (tests/browser) runs with them"
@@ -46,22 +45,32 @@ if [ "$what" != notebooks ]; then
     echo "[browser] SKIPPED: no Chromium at $chromium, so the JupyterLab browser test does not" \
          "run (apt-get install chromium, or set COURSE_CHROMIUM)"
   fi
-  # three test processes on two cores: most tests wait (for launched processes to start, or
-  # for a deadlock's timeout) rather than compute; one file stays on one test process, so
-  # a module's shared launch runs once
-  pytest_args=(tests -q -p no:cacheprovider -n 3 --dist loadfile)
-  if [ "$what" = quick ]; then pytest_args+=(-m "not slow"); fi  # the marker: pyproject.toml
-  run python -m pytest "${pytest_args[@]}" || status=1
+fi
+if [ "$what" != unit ] && [ "$what" != quick ]; then
+  run python scripts/check_notebook.py notebooks/[0-9][0-9]_*.ipynb || status=1
 fi
 
-if [ "$what" = all ] || [ "$what" = notebooks ]; then
-  echo "== notebooks (nbval: every cell re-run, every text output compared)"
-  run python scripts/check_notebook.py notebooks/[0-9][0-9]_*.ipynb || status=1
-  # two notebooks at a time, each in its own kernel, its cells in order (--dist loadfile)
-  run python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env \
-    --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout=600 \
-    --timeout=0 notebooks/ || status=1
-fi
+# One pytest session on three test processes (two cores: most tests wait for launched
+# processes to start, or for a deadlock's timeout, rather than compute). A file, or a notebook,
+# stays on one process: a module's shared launch runs once, a notebook's cells run in order in
+# one kernel. Files are handed out in the order tests/conftest.py gives them, longest first.
+pytest_args=(-q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder)
+nbval_args=(--nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+            --nbval-cell-timeout=300)
+case "$what" in
+  quick)     echo "== fast unit tests (those not marked slow)"
+             pytest_args+=(-m "not slow") ;;  # the marker: pyproject.toml
+  unit)      echo "== unit tests" ;;
+  notebooks) echo "== notebooks (nbval: every cell re-run, every text output compared)" ;;
+  all)       echo "== unit tests, and the notebooks under nbval (every cell re-run, every" \
+                  "text output compared)" ;;
+esac
+case "$what" in
+  quick|unit) run python -m pytest tests "${pytest_args[@]}" || status=1 ;;
+  notebooks)  run python -m pytest notebooks "${pytest_args[@]}" "${nbval_args[@]}" || status=1 ;;
+  all)        run python -m pytest tests notebooks "${pytest_args[@]}" "${nbval_args[@]}" \
+                || status=1 ;;
+esac
 
 if [ "$dry" = 1 ]; then echo "scripts/test.sh: dry run, nothing was run"; exit 0; fi
 echo "[time] scripts/test.sh took $(( $(date +%s) - start )) s"

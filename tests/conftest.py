@@ -6,8 +6,21 @@ import shutil
 import pytest
 import torch.distributed as dist
 from demo_runs import PINGPONG_SIZES
+from suite_order import place
 
 from course_lib.runtime.launch import launch
+
+
+def pytest_collection_modifyitems(items):
+    """The longest files first (tests/suite_order.py), for scripts/test.sh's test processes."""
+    items.sort(key=lambda item: place(item.nodeid))  # stable: a file's tests keep their order
+
+
+def pytest_ignore_collect(collection_path):
+    """A notebook under tests/ is a test's input (the browser test's), not one for nbval."""
+    if collection_path.suffix == ".ipynb":
+        return True
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -228,9 +228,24 @@ def test_the_launch_benchmark_compares_forked_ranks_with_fresh_ones():
                           timeout=HANG_S * 3)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "2 processes, median of 1 launches each:", done.stdout
+    assert lines[0] == "course_lib.demos.hello on 2 processes, median of 1 launches each:"
     assert "ranks forked from torchrun" in lines[1] and "a fresh Python per rank" in lines[2]
     assert lines[3].startswith("  fresh / forked: wall x"), done.stdout
+    assert len(lines) == 4, done.stdout
+
+
+@pytest.mark.slow
+def test_the_launch_benchmark_also_compares_preloaded_modules():
+    done = subprocess.run([sys.executable, "scripts/bench_launch.py", "--nproc", "2",
+                           "--repeats", "1", "--target", "course_lib.demos.ddp_minimal",
+                           "--preload", "torch._dynamo"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=HANG_S * 3)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("course_lib.demos.ddp_minimal on 2 processes"), done.stdout
+    assert "forked, torch._dynamo preloaded" in lines[3], done.stdout
+    assert lines[4].startswith("  fresh / forked: wall x"), done.stdout
+    assert lines[5].startswith("  forked / preloaded: wall x"), done.stdout
 
 
 SIGNAL_HANDLERS = """
@@ -249,3 +264,31 @@ def test_a_rank_has_a_fresh_interpreters_signal_handlers(tmp_path, monkeypatch, 
     script = tmp_path / "handlers.py"
     script.write_text(SIGNAL_HANDLERS)
     assert launch(str(script), nproc=1, timeout_s=HANG_S, quiet=True).result == [True, True]
+
+
+LOADED_AT_START = """
+import sys
+from course_lib.runtime.launch import save_result
+save_result("json.tool" in sys.modules)  # no rank imports it by itself
+"""
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["ranks forked", "fresh interpreters"])
+def test_preloaded_modules_are_already_loaded_in_a_forked_rank(tmp_path, monkeypatch, fork):
+    # COURSE_PRELOAD: the agent imports them once before it forks the ranks, which inherit
+    # them (DistributedDataParallel's torch._dynamo); a fresh interpreter imports its own
+    monkeypatch.setattr(launch_module, "FORK_WORKERS", fork)
+    script = tmp_path / "loaded.py"
+    script.write_text(LOADED_AT_START)
+    env = {"COURSE_PRELOAD": "json.tool"}
+    assert launch(str(script), nproc=2, timeout_s=HANG_S, quiet=True, env=env).result is fork
+    assert launch(str(script), nproc=1, timeout_s=HANG_S, quiet=True).result is False
+
+
+def test_a_preloaded_module_that_does_not_exist_fails_the_launch_with_its_name(tmp_path):
+    script = tmp_path / "loaded.py"
+    script.write_text(LOADED_AT_START)
+    with pytest.raises(LaunchError, match="COURSE_PRELOAD names .no_such_module_here., which "
+                                          "cannot be imported"):
+        launch(str(script), nproc=1, timeout_s=HANG_S, quiet=True,
+               env={"COURSE_PRELOAD": "no_such_module_here"})

@@ -187,6 +187,31 @@ def test_quick_selects_only_the_tests_not_marked_slow():
     assert f"{some}::test_blamed_ranks_are_read_from_monitored_barrier_messages" in fast
 
 
+def test_the_full_run_is_one_session_over_the_tests_and_the_notebooks():
+    done = bash("scripts/test.sh", "--dry-run", timeout=60)
+    runs = [shlex.split(line[2:]) for line in done.stdout.splitlines() if line.startswith("+ ")]
+    sessions = [cmd for cmd in runs if cmd[:3] == ["python", "-m", "pytest"]]
+    assert len(sessions) == 1, done.stdout
+    session = sessions[0]
+    assert session[3:5] == ["tests", "notebooks"] and "--nbval" in session
+    assert "--no-loadscope-reorder" in session  # files handed out in tests/conftest.py's order
+
+
+def test_the_longest_files_are_collected_first_and_each_exists():
+    from suite_order import LONGEST_FIRST, place
+
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--collect-only", "--nbval", "--nbval-current-env", "tests",
+                           "notebooks"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = list(dict.fromkeys(line.split("::")[0] for line in done.stdout.splitlines()
+                               if "::" in line))  # in collection order, each once
+    assert not any(f.endswith(".ipynb") for f in files if f.startswith("tests/"))
+    places = [place(f) for f in files]
+    assert places == sorted(places)  # the listed ones first, in the list's order
+    assert set(places) >= set(range(len(LONGEST_FIRST)))  # every entry names a file
+
+
 @pytest.mark.parametrize("system, interface", [(None, LOOPBACK), ("Darwin", "lo0"),
                                                ("Linux", "lo")])
 def test_ci_env_names_this_platforms_loopback_interface(system, interface, tmp_path):

@@ -7,11 +7,16 @@
   agent, sends everything the rank prints (C-level output too) to ``RUN_DIR/rank{R}.log``,
   runs TARGET as ``__main__`` and records how the rank ended in ``RUN_DIR/rank{R}.exit``.
   The launcher reads those files to stream output and name a failing rank.
+
+A forked rank inherits every module the agent has imported. ``COURSE_PRELOAD`` (module names,
+comma-separated, in the launch's environment) names more for the agent to import before it forks
+the ranks, so that no rank imports them again (``preload_modules``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import multiprocessing
 import os
@@ -23,6 +28,7 @@ import time
 import traceback
 
 PR_SET_PDEATHSIG = 1  # Linux prctl option: signal this process when its parent dies
+PRELOAD_ENV = "COURSE_PRELOAD"
 
 
 def die_with_parent() -> None:
@@ -46,10 +52,35 @@ def die_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def forks_ranks(torchrun_args: list[str]) -> bool:
+    """Whether torchrun will fork the ranks from this process (``--start-method fork``)."""
+    return any(a == "--start-method" and b == "fork"
+               for a, b in zip(torchrun_args, torchrun_args[1:], strict=False))
+
+
+def preload_modules() -> list[str]:
+    """Import the modules ``COURSE_PRELOAD`` names, once, here in the agent; return their names.
+
+    For example ``torch._dynamo``, which DistributedDataParallel imports when it is first
+    built: about 0.8 s of CPU in every rank that builds one, 0.8 s once here.
+    """
+    names = [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            sys.exit(f"{PRELOAD_ENV} names {name!r}, which cannot be imported ({e}); "
+                     f"correct or remove it")
+    return names
+
+
 def run_agent(torchrun_args: list[str]) -> None:
     """Run torchrun's agent in this process."""
     die_with_parent()
     from torch.distributed.run import main
+
+    if forks_ranks(torchrun_args):
+        preload_modules()  # the ranks inherit them; fresh interpreters would not
 
     main(torchrun_args)
 

@@ -1,0 +1,25 @@
+"""The order in which scripts/test.sh's test processes pick up files (tests/conftest.py).
+
+scripts/test.sh runs the unit tests and the notebooks (nbval) in one session on three test
+processes, each file or notebook on one process, handed out in collection order. The files
+named here take 40 s or more each (2-core CPU, 2026-12-01): they come first, longest first, so
+that none of them starts last while the other processes sit idle. Only the suite's speed
+depends on this list; a file it does not name keeps its place after them.
+"""
+
+LONGEST_FIRST = (
+    "tests/test_student_notebooks.py",  # 135 s: every student copy, open and answered
+    "tests/test_check_nb07_workspace.py", "tests/test_check_nb09_workspace.py",
+    "tests/browser/", "tests/test_check_nb06_workspace.py", "tests/test_check_nb10_workspace.py",
+    "notebooks/06_", "tests/test_check_nb08_workspace.py", "tests/test_launch.py",
+    "tests/test_check_nb05_workspace.py", "tests/test_check_nb11.py",
+    "tests/test_notebook_claims_05_07.py", "notebooks/09_", "notebooks/07_",
+    "notebooks/",  # the other notebooks, 5 to 26 s each
+)
+
+
+def place(test_id: str) -> int:
+    """Where the file of ``test_id`` ("tests/x.py::test_y") comes: its entry's index, or last."""
+    path = test_id.split("::")[0]
+    return next((i for i, start in enumerate(LONGEST_FIRST) if path.startswith(start)),
+                len(LONGEST_FIRST))
