@@ -22,6 +22,7 @@ import sys
 import time
 
 from course_lib.runtime import launch as launch_module
+from course_lib.runtime.launch_child import PRELOAD_ENV
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def one_launch(kind: str, args: argparse.Namespace) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the launched processes) of one launch of this kind."""
     launch_module.FORK_WORKERS = kind != "fresh"
-    env = {"COURSE_PRELOAD": args.preload} if kind == "preloaded" else {}
+    env = {PRELOAD_ENV: args.preload} if kind == "preloaded" else {}
     before = os.times()
     start = time.perf_counter()
     launch_module.launch(args.target, args.nproc, timeout_s=120, quiet=True, progress=False,

@@ -58,18 +58,16 @@ pytest_args=(-q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder)
 nbval_args=(--nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
             --nbval-cell-timeout=300)
 case "$what" in
-  quick)     echo "== fast unit tests (those not marked slow)"
-             pytest_args+=(-m "not slow") ;;  # the marker: pyproject.toml
-  unit)      echo "== unit tests" ;;
-  notebooks) echo "== notebooks (nbval: every cell re-run, every text output compared)" ;;
+  quick)     echo "== fast unit tests (those not marked slow)"  # the marker: pyproject.toml
+             run python -m pytest tests "${pytest_args[@]}" -m "not slow" || status=1 ;;
+  unit)      echo "== unit tests"
+             run python -m pytest tests "${pytest_args[@]}" || status=1 ;;
+  notebooks) echo "== notebooks (nbval: every cell re-run, every text output compared)"
+             run python -m pytest notebooks "${pytest_args[@]}" "${nbval_args[@]}" || status=1 ;;
   all)       echo "== unit tests, and the notebooks under nbval (every cell re-run, every" \
-                  "text output compared)" ;;
-esac
-case "$what" in
-  quick|unit) run python -m pytest tests "${pytest_args[@]}" || status=1 ;;
-  notebooks)  run python -m pytest notebooks "${pytest_args[@]}" "${nbval_args[@]}" || status=1 ;;
-  all)        run python -m pytest tests notebooks "${pytest_args[@]}" "${nbval_args[@]}" \
-                || status=1 ;;
+                  "text output compared)"
+             run python -m pytest tests notebooks "${pytest_args[@]}" "${nbval_args[@]}" \
+               || status=1 ;;
 esac
 
 if [ "$dry" = 1 ]; then echo "scripts/test.sh: dry run, nothing was run"; exit 0; fi
