@@ -292,3 +292,17 @@ def test_a_preloaded_module_that_does_not_exist_fails_the_launch_with_its_name(t
                                           "cannot be imported"):
         launch(str(script), nproc=1, timeout_s=HANG_S, quiet=True,
                env={"COURSE_PRELOAD": "no_such_module_here"})
+
+
+def test_the_rank_torchrun_reports_is_blamed_not_the_peer_it_stopped_in_the_same_look(tmp_path):
+    # rank 1 aborts; torchrun stops rank 0 (SIGTERM) and reports only rank 1's exit code. The
+    # launcher saw both gone in one look (rank 0 first): it must name rank 1, with its signal
+    from course_lib.runtime.launch_output import RankWatch
+
+    agent_log = tmp_path / "agent.log"
+    agent_log.write_text("Failures:\n  <NO_OTHER_FAILURES>\nRoot Cause (first observed failure):\n"
+                         "[0]:\n  time      : 2026-12-01_12:00:00\n  host      : localhost\n"
+                         "  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 4242)\n")
+    watch = RankWatch(str(tmp_path), nproc=2)
+    watch.vanished = {0: 100.0, 1: 100.0}
+    assert watch.failure(str(agent_log)) == (1, -6)

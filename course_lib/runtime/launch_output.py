@@ -194,7 +194,10 @@ class RankWatch:
         primary += [(t, r, _agent_exit_code(agent_log_path, r)) for r, t in self.vanished.items()]
         candidates = primary or [(t, r, c) for t, r, c, _ in exits]
         if candidates:
-            _, rank, code = min(candidates, key=lambda c: (c[0], c[1]))
+            # Once a rank fails, torchrun stops the others (SIGTERM): seen gone in the same look,
+            # they report no exit code of their own (or -15); the rank that failed has one
+            _, rank, code = min(candidates, key=lambda c: (c[2] in (None, -signal.SIGTERM),
+                                                           c[0], c[1]))
             return rank, code
         return _agent_root_cause(agent_log_path)
 
