@@ -20,6 +20,12 @@ updates); a copy that differs was edited, or run and saved, in JupyterLab and is
 ``--reset`` every copy is written again, and edited ones are first moved to
 ``OUT/previous/NAME-YYYYmmdd-HHMMSS.ipynb``.
 
+The learner's files are theirs alone. Nothing of the instructor's ``notebooks/workspace/`` (the
+reference files the reference notebooks write, their pass records) reaches ``OUT``, and
+``OUT/workspace/`` is never written: every file the learner wrote there, and their
+``.passed.json``, stays as it is. ``--reset`` moves the whole folder aside, to
+``OUT/previous/workspace-YYYYmmdd-HHMMSS/``, so a fresh start begins with no file done.
+
 A notebook whose markers cannot make a working exercise stops the script before anything is
 written, with a message naming the notebook, the cell and what to change.
 """
@@ -38,10 +44,17 @@ import nbformat
 from student_copies import ROOT, MalformedNotebook, make_student_copy
 
 MANIFEST = ".student_copies.json"
+WORKSPACE = "workspace"  # the learner's own files (course_lib/runtime/workspace.py)
+# Folders beside the notebooks that runs write (never course material): not copied.
+NOT_COPIED = {WORKSPACE, "previous", "runs", "checkpoints"}
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
 
 
 def write_copies(sources: list[Path], out: Path, reset: bool) -> list[str]:
@@ -49,9 +62,9 @@ def write_copies(sources: list[Path], out: Path, reset: bool) -> list[str]:
     made = {src.name: make_student_copy(nbformat.read(src, as_version=4), str(src))
             for src in sources}
     out.mkdir(parents=True, exist_ok=True)
+    messages = set_aside_workspace(out) if reset else keep_workspace(out)
     manifest_path = out / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    messages = []
     for src in sources:
         data = (nbformat.writes(made[src.name].notebook) + "\n").encode()
         target, record = out / src.name, manifest.get(src.name, {})
@@ -62,8 +75,7 @@ def write_copies(sources: list[Path], out: Path, reset: bool) -> list[str]:
                 "" if fresh else "; the course has a newer version: --reset to take it"))
             continue
         if edited:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            backup = out / "previous" / f"{target.stem}-{stamp}{target.suffix}"
+            backup = out / "previous" / f"{target.stem}-{stamp()}{target.suffix}"
             backup.parent.mkdir(exist_ok=True)
             shutil.move(target, backup)
             messages.append(f"moved your {target.name} to {backup}")
@@ -78,11 +90,39 @@ def write_copies(sources: list[Path], out: Path, reset: bool) -> list[str]:
     return messages
 
 
+def keep_workspace(out: Path) -> list[str]:
+    """Say that the learner's files are kept (they are never written here)."""
+    files = learner_files(out / WORKSPACE)
+    return [f"kept your {len(files)} file(s) in {out / WORKSPACE}"] if files else []
+
+
+def set_aside_workspace(out: Path) -> list[str]:
+    """--reset: the learner's files, pass records included, go to previous/workspace-STAMP."""
+    folder = out / WORKSPACE
+    if not learner_files(folder):
+        return []
+    backup = out / "previous" / f"{WORKSPACE}-{stamp()}"
+    backup.parent.mkdir(exist_ok=True)
+    shutil.move(folder, backup)
+    return [f"moved your files in {folder} to {backup}"]
+
+
+def learner_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+
+
 def copy_assets(folder: Path, out: Path) -> None:
-    """Folders beside the notebooks (pictures, data) go along, so links keep working."""
+    """Folders beside the notebooks (pictures, data) go along, so links keep working; what
+    runs write there (the instructor's workspace above all) does not, and a file already in
+    ``out`` is never replaced."""
     for sub in folder.iterdir():
-        if sub.is_dir() and not sub.name.startswith((".", "_")) and sub.resolve() != out.resolve():
-            shutil.copytree(sub, out / sub.name, dirs_exist_ok=True)
+        if (sub.is_dir() and not sub.name.startswith((".", "_")) and sub.name not in NOT_COPIED
+                and sub.resolve() != out.resolve()):
+            for path in sorted(p for p in sub.rglob("*") if p.is_file()):
+                target = out / path.relative_to(folder)
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, target)
 
 
 def main(argv: list[str] | None = None) -> int:

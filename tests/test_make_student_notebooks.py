@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import textwrap
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -199,6 +200,55 @@ def test_copies_keep_edits_until_reset(tmp_path):
     write_source(tmp_path / "nbs", "99_test.ipynb", [cell, code("print(3)")])
     msn.write_copies([src], out, reset=False)  # an unedited copy follows the course
     assert "print(3)" in copy.read_text()
+
+
+def instructors_checkout(tmp_path):
+    """A notebooks folder after the reference notebooks ran: every reference file of the
+    course's file exercises and a pass record in workspace/, beside a folder of pictures."""
+    nbs = tmp_path / "nbs"
+    src = write_source(nbs, "99_test.ipynb", [code("print(1)")])
+    (nbs / "workspace").mkdir()
+    answers = Path(ROOT) / "tests" / "workspace_answers"
+    for name in ("token_ring", "my_ring", "my_dp_step", "my_hooks", "my_ddp_train", "my_zero"):
+        (nbs / "workspace" / f"{name}.py").write_text((answers / f"{name}.py").read_text())
+    (nbs / "workspace" / ".passed.json").write_text('{"6.3": {"file": "my_ring.py"}}')
+    (nbs / "pictures").mkdir()
+    (nbs / "pictures" / "ring.svg").write_text("<svg/>")
+    return src
+
+
+def test_no_reference_work_reaches_a_student_copy(tmp_path):
+    src = instructors_checkout(tmp_path)
+    out = tmp_path / "student"
+    assert msn.main([str(src), "--out", str(out)]) == 0
+    assert not (out / "workspace").exists()
+    copied = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert copied == {"99_test.ipynb", msn.MANIFEST, "pictures/ring.svg"}
+
+
+def test_making_copies_again_keeps_every_file_the_learner_wrote(tmp_path):
+    src = instructors_checkout(tmp_path)
+    out = tmp_path / "student"
+    mine = {"my_ring.py": "def ring_all_reduce(tensor, group=None):\n    pass  # mine\n",
+            ".passed.json": '{"6.3": {"file": "my_ring.py", "sha256": "abc"}}',
+            "notes_the_course_does_not_know.py": "x = 1\n"}
+    (out / "workspace").mkdir(parents=True)
+    for name, text in mine.items():
+        (out / "workspace" / name).write_text(text)
+    (out / "pictures").mkdir()
+    (out / "pictures" / "ring.svg").write_text("<svg>my drawing</svg>")
+
+    for _ in range(2):  # a workshop restarted twice
+        messages = msn.write_copies([src], out, reset=False)
+        assert {p.name: p.read_text() for p in (out / "workspace").iterdir()} == mine
+        assert (out / "pictures" / "ring.svg").read_text() == "<svg>my drawing</svg>"
+    assert f"kept your 3 file(s) in {out / 'workspace'}" in messages
+
+    messages = msn.write_copies([src], out, reset=True)
+    assert not (out / "workspace").exists()
+    [backup] = (out / "previous").glob("workspace-*")
+    assert {p.name: p.read_text() for p in backup.iterdir()} == mine
+    assert f"moved your files in {out / 'workspace'} to {backup}" in messages
 
 
 def test_one_bad_notebook_writes_nothing(tmp_path, capsys):
