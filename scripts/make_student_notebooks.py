@@ -12,7 +12,7 @@ becomes one line at the same indentation, for the learner to replace with their 
 and the outputs of exercise cells (and of the cells that call their checkers) are cleared. The
 checker call after the learner's function catches the NotImplementedError and prints
 "Exercise 3.1: not done yet ...", so a student copy runs top to bottom without an error. How a
-copy is made, ``%%writefile`` cells included: ``scripts/student_copies.py``.
+copy is made, ``%%writefile`` cells included: ``course_lib/check/student_copy.py``.
 
 A learner's work is kept: ``OUT/.student_copies.json`` records the SHA-256 of each copy as it
 was written. A copy whose bytes still match is replaced by a fresh one (so it picks up course
@@ -41,7 +41,8 @@ import time
 from pathlib import Path
 
 import nbformat
-from student_copies import ROOT, MalformedNotebook, make_student_copy
+
+from course_lib.check.student_copy import ROOT, MalformedNotebook, make_student_copy
 
 MANIFEST = ".student_copies.json"
 WORKSPACE = "workspace"  # the learner's own files (course_lib/runtime/workspace.py)

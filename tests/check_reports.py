@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.check import answers, core, own_work, report
-from course_lib.check.core import ExerciseError
+from course_lib.check import answers, checker, own_work, report
+from course_lib.check.checker import ExerciseError
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-SHARED = [core, report, answers, own_work]
+SHARED = [checker, report, answers, own_work]
 
 
 def rendered(error: BaseException) -> list[str]:

@@ -4,7 +4,7 @@ value, the course's own solution called, a wrong computation) get a short, point
 import pytest
 from check_reports import shown_report
 
-from course_lib.check.core import SECOND_HINTS
+from course_lib.check.checker import SECOND_HINTS
 from course_lib.check.nb05 import reduce_scatter_by_hand, two_point_fit
 from course_lib.demos.collectives_tour import expected_after
 from course_lib.lessons import cost_model

@@ -4,7 +4,7 @@
 import pytest
 
 from course_lib.check import nb05
-from course_lib.check.core import ExerciseError
+from course_lib.check.checker import ExerciseError
 from course_lib.runtime.workspace import has_passed
 
 pytestmark = pytest.mark.slow

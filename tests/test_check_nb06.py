@@ -5,7 +5,7 @@ import pytest
 import torch
 from check_reports import shown_report
 
-from course_lib.check.core import SECOND_HINTS
+from course_lib.check.checker import SECOND_HINTS
 from course_lib.check.nb06 import reduce_scatter_step, ring_bytes
 from course_lib.core.collectives import chunk_bounds
 from course_lib.lessons import network_sim, ring_viz

@@ -9,7 +9,7 @@ from check_reports import shown_report
 
 from course_lib import check
 from course_lib.check import nb08
-from course_lib.check.core import ExerciseError
+from course_lib.check.checker import ExerciseError
 from course_lib.check.nb08 import buckets_by_hand, exposed_communication
 from course_lib.core.buckets import plan_buckets
 from course_lib.lessons.timeline import overlap_summary

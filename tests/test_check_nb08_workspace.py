@@ -6,7 +6,7 @@ import pytest
 from check_reports import checked_lines
 
 from course_lib.check import nb08
-from course_lib.check.core import ExerciseError
+from course_lib.check.checker import ExerciseError
 from course_lib.check.mp import harness, hook_cases, verdict
 from course_lib.runtime.workspace import has_passed
 

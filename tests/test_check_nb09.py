@@ -11,7 +11,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from course_lib import check
 from course_lib.check import nb09
-from course_lib.check.core import ExerciseError
+from course_lib.check.checker import ExerciseError
 from course_lib.check.nb09 import atomic_save, sampler_by_hand
 from course_lib.train.checkpoint import write_atomic
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from capstone_bugs import BUGS, FIXED, HALF_FIXES, buggy_text
 
-from course_lib.check import core, nb11, report
-from course_lib.check.core import SECOND_HINTS, ExerciseError
+from course_lib.check import checker, nb11, report
+from course_lib.check.checker import SECOND_HINTS, ExerciseError
 from course_lib.check.mp import capstone_cases
 from course_lib.lessons import budget
 from course_lib.lessons.budget import Budget, Plan
@@ -22,7 +22,7 @@ from course_lib.runtime.workspace import has_passed
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_capstone.ipynb"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-CHECKER_FILES = [nb11.__file__, capstone_cases.__file__, core.__file__, budget.__file__]
+CHECKER_FILES = [nb11.__file__, capstone_cases.__file__, checker.__file__, budget.__file__]
 
 
 def checker_lines() -> set[str]:

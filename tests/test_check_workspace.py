@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from course_lib.check import nb05
-from course_lib.check.core import ExerciseError
+from course_lib.check.checker import ExerciseError
 from course_lib.lessons.notebook_setup import setup_notebook
 from course_lib.runtime.workspace import has_passed, mine_or_library, record_pass
 

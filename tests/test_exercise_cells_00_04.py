@@ -7,19 +7,17 @@ cleared (``%reset -f``) just before, as a learner who opens the notebook at its 
 """
 
 import re
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from notebook_kernel import errors, fresh_kernel, stdout
 
-from course_lib.check.core import not_done_line, passed_line
+from course_lib.check import student_copy as student_copies
+from course_lib.check.checker import not_done_line, passed_line
 from course_lib.check.report import MAX_LINES, RUN_FROM_THE_TOP
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import student_copies  # noqa: E402
 
 NOTEBOOKS = ["00_start_here", "01_gradients", "02_batches_and_memory",
              "03_gradient_accumulation", "04_data_parallel_in_one_process"]

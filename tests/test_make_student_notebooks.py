@@ -13,10 +13,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))  # the script and the modules beside it
 import make_student_notebooks as msn  # noqa: E402
-from student_copies import marked_line  # noqa: E402
+
+from course_lib.check.student_copy import marked_line  # noqa: E402
 
 CHECKERS = '''
-from course_lib.check.core import exercise
+from course_lib.check.checker import exercise
 
 
 @exercise("9.1")

@@ -26,13 +26,12 @@ import nbformat
 import pytest
 from notebook_kernel import errors, fresh_kernel, stdout
 
-from course_lib.check.core import not_done_line, passed_line
+from course_lib.check import student_copy as student_copies
+from course_lib.check.checker import not_done_line, passed_line
 from course_lib.check.mp.harness import WORLD_SIZES_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-sys.path.insert(0, str(ROOT / "scripts"))  # the script and the modules beside it
-import student_copies  # noqa: E402
 
 # notebook -> {"open" | "answered": {cell: the missing name it stops on}}; the notebook's cells
 NEEDS_EARLIER_CELLS: dict[str, dict[str, dict[int, str]]] = {}  # none today

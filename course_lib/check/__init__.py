@@ -17,7 +17,7 @@ from the top first" (``notebook.py``).
 """
 
 from course_lib.check.answers import call, describe, expect_tensor_with_grad, expect_type
-from course_lib.check.core import (
+from course_lib.check.checker import (
     ExerciseError,
     LearnerCodeError,
     exercise,

@@ -14,7 +14,7 @@ import reprlib
 
 import torch
 
-from course_lib.check.core import ExerciseError, LearnerCodeError
+from course_lib.check.checker import ExerciseError, LearnerCodeError
 
 _REPR = reprlib.Repr()
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 6

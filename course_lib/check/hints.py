@@ -11,7 +11,7 @@ import importlib
 import re
 import textwrap
 
-from course_lib.check.core import SECOND_HINTS
+from course_lib.check.checker import SECOND_HINTS
 
 _ID = re.compile(r"^(\d{1,2})\.(\d{1,2})$")
 

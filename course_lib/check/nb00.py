@@ -1,7 +1,7 @@
 """Checkers for the exercises of notebook 00 (start here)."""
 
 from course_lib.check.answers import call, expect_type
-from course_lib.check.core import LearnerCodeError, exercise, expect
+from course_lib.check.checker import LearnerCodeError, exercise, expect
 from course_lib.runtime.launch import LaunchError, LaunchResult
 
 

@@ -7,7 +7,7 @@ import math
 import torch
 
 from course_lib.check.answers import expect_type
-from course_lib.check.core import LearnerCodeError, exercise, expect
+from course_lib.check.checker import LearnerCodeError, exercise, expect
 from course_lib.check.own_work import call_own
 from course_lib.lessons import memory
 from course_lib.tasks import toy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.check.answers import call, describe, expect_tensor_with_grad, expect_type
-from course_lib.check.core import exercise, expect
+from course_lib.check.checker import exercise, expect
 from course_lib.check.own_work import call_own
 from course_lib.core import accumulation
 from course_lib.lessons import gradients, pitfalls

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.check.answers import expect_type
-from course_lib.check.core import exercise, expect
+from course_lib.check.checker import exercise, expect
 from course_lib.check.mp import ring_cases, ring_mistakes
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file

@@ -7,7 +7,7 @@ import math
 import torch
 
 from course_lib.check.answers import call, expect_tensor_with_grad
-from course_lib.check.core import exercise, expect
+from course_lib.check.checker import exercise, expect
 from course_lib.check.mp import dp_step_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file

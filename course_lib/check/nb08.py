@@ -9,7 +9,7 @@ import os
 import torch
 
 from course_lib.check.answers import call, describe, expect_function, expect_type
-from course_lib.check.core import exercise, expect
+from course_lib.check.checker import exercise, expect
 from course_lib.check.mp import hook_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.check.answers import call, describe, expect_function
-from course_lib.check.core import exercise, expect
+from course_lib.check.checker import exercise, expect
 from course_lib.check.mp import ddp_script_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file

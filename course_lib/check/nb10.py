@@ -8,7 +8,7 @@ import numbers
 import torch
 
 from course_lib.check.answers import call, expect_type
-from course_lib.check.core import exercise, expect
+from course_lib.check.checker import exercise, expect
 from course_lib.check.mp import zero_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file

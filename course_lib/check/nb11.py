@@ -7,7 +7,7 @@ fails and what to look at. 11.2 judges a plan against the memory cap and the tim
 
 from __future__ import annotations
 
-from course_lib.check.core import ExerciseError, exercise, expect
+from course_lib.check.checker import ExerciseError, exercise, expect
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.runner import run_file
 from course_lib.check.mp.verdict import Advice, raise_if_stopped

@@ -21,7 +21,7 @@ import types
 from typing import Callable, Iterable
 
 from course_lib.check.answers import call
-from course_lib.check.core import ExerciseError
+from course_lib.check.checker import ExerciseError
 
 
 def short_name(function: Callable) -> str:

@@ -1,7 +1,7 @@
 """How a failed exercise looks in a notebook: a few red lines, and none of the checker's code.
 
 IPython shows the lines an exception's ``_render_traceback_()`` returns instead of its
-traceback (JupyterLab renders their ANSI colours); the exceptions of ``core.py`` return the
+traceback (JupyterLab renders their ANSI colours); the exceptions of ``checker.py`` return the
 lines made here. Every function returns at most ``MAX_LINES`` lines.
 """
 

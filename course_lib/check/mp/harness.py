@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Sequence
 
-from course_lib.check.core import ExerciseError
+from course_lib.check.checker import ExerciseError
 from course_lib.check.mp.learner import LearnerFile
 from course_lib.check.mp.runner import Run, run_file
 from course_lib.check.mp.verdict import Advice, raise_if_stopped, where

@@ -16,14 +16,14 @@ import traceback
 from dataclasses import dataclass
 from types import ModuleType
 
-from course_lib.check.core import ExerciseError
+from course_lib.check.checker import ExerciseError
 from course_lib.runtime.workspace import load_file
 
 # Errors a rank gets because a PEER stopped: the culprit is elsewhere.
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
              "Socket closed", "pair closure", "remote worker crash")
 TIMED_OUT = ("Timed out waiting", "timed out")
-# the line a student copy holds in place of a solution (scripts/student_copies.py)
+# the line a student copy holds in place of a solution (course_lib/check/student_copy.py)
 MARKED_LINE = re.compile(r'raise NotImplementedError\(\s*"Exercise \d+\.\d+: replace this line')
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-from exercise_cells import (
+
+from course_lib.check.exercise_cells import (
     MalformedNotebook,
     cells_in_scope,
     check_not_called,
@@ -34,7 +35,7 @@ from exercise_cells import (
     written_file,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 NOTE = ("> **Your copy.** The exercises at the end are open. In each one, replace the line "
         '`raise NotImplementedError("Exercise N.M: replace this line with your code")` with '

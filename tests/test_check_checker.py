@@ -9,11 +9,11 @@ from notebook_kernel import errors, fresh_kernel, stdout
 
 import course_lib.check.nb03 as nb03
 from course_lib import check
-from course_lib.check import answers, core, report
-from course_lib.check.core import SECOND_HINTS, ExerciseError, LearnerCodeError, exercise
+from course_lib.check import answers, checker, report
+from course_lib.check.checker import SECOND_HINTS, ExerciseError, LearnerCodeError, exercise
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-CHECKER_FILES = [nb03.__file__, core.__file__, report.__file__, answers.__file__]
+CHECKER_FILES = [nb03.__file__, checker.__file__, report.__file__, answers.__file__]
 
 
 def rendered(error: BaseException) -> list[str]:
@@ -62,7 +62,7 @@ def test_an_unusable_return_value_is_reported_not_crashed_on(monkeypatch):
 
     @exercise("99.4")
     def halves(answer):  # a checker that trusts the answer to be a number
-        core.expect(float(answer()) == 0.5, "half of one is not that")
+        checker.expect(float(answer()) == 0.5, "half of one is not that")
 
     # this file is not course_lib: let no frame count as the learner's, as for a real checker
     monkeypatch.setattr(report, "is_learner_file", lambda filename: False)
@@ -112,7 +112,7 @@ def test_right_and_open_answers_print_one_line_and_return_none(capsys):
         raise NotImplementedError("Exercise 3.3: replace this line with your code")
 
     assert nb03.uneven_weights(still_open) is None
-    assert capsys.readouterr().out == core.not_done_line("3.3") + "\n"
+    assert capsys.readouterr().out == checker.not_done_line("3.3") + "\n"
 
 
 def test_a_learners_file_still_open_in_a_run_is_not_done_yet(monkeypatch, capsys):
@@ -120,11 +120,11 @@ def test_a_learners_file_still_open_in_a_run_is_not_done_yet(monkeypatch, capsys
 
     @exercise("99.3")
     def ring_file(output):
-        core.raise_if_not_done(output)
-        core.expect("sum = 6" in output, "rank 0 should print the sum")
+        checker.raise_if_not_done(output)
+        checker.expect("sum = 6" in output, "rank 0 should print the sum")
 
     ring_file("[rank 1] NotImplementedError: Exercise 99.3: replace this line with your code")
-    assert capsys.readouterr().out == core.not_done_line("99.3") + "\n"
+    assert capsys.readouterr().out == checker.not_done_line("99.3") + "\n"
     ring_file("[rank 0] sum = 6")
     assert capsys.readouterr().out == "Exercise 99.3: correct.\n"
 
@@ -170,7 +170,7 @@ def test_second_hints(monkeypatch, capsys):
 
     @exercise("99.1", second_hint="divide by the number of examples, not of batches")
     def halves(answer):
-        core.expect(answer == 0.5, "half of one is not that")
+        checker.expect(answer == 0.5, "half of one is not that")
 
     check.hint("99.1")
     assert capsys.readouterr().out == ("Exercise 99.1, a stronger hint: divide by the number "
