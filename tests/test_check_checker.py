@@ -10,7 +10,7 @@ from notebook_kernel import errors, fresh_kernel, stdout
 import course_lib.check.nb03 as nb03
 from course_lib import check
 from course_lib.check import answers, checker, report
-from course_lib.check.checker import SECOND_HINTS, ExerciseError, LearnerCodeError, exercise
+from course_lib.check.checker import LADDERS, ExerciseError, LearnerCodeError, exercise
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CHECKER_FILES = [nb03.__file__, checker.__file__, report.__file__, answers.__file__]
@@ -58,7 +58,7 @@ def test_an_error_in_the_learners_code_shows_the_learners_line():
 
 
 def test_an_unusable_return_value_is_reported_not_crashed_on(monkeypatch):
-    monkeypatch.setitem(SECOND_HINTS, "99.4", None)  # removed again after the test
+    monkeypatch.setitem(LADDERS, "99.4", None)  # removed again after the test
 
     @exercise("99.4")
     def halves(answer):  # a checker that trusts the answer to be a number
@@ -82,7 +82,7 @@ def test_a_name_missing_in_the_learners_code_says_run_from_the_top():
     lines = report_of(nb03.accumulate, my_accumulate)
     name_line = lines.index("NameError: name 'undefined_loss_function' is not defined")
     assert " ".join(lines[name_line + 1:-1]) == report.RUN_FROM_THE_TOP
-    assert lines[-1] == 'Stuck? check.hint("3.1") gives a stronger hint.'
+    assert lines[-1] == 'Stuck? check.hint("3.1") gives a nudge.'
 
 
 def test_reports_stay_short():
@@ -116,7 +116,7 @@ def test_right_and_open_answers_print_one_line_and_return_none(capsys):
 
 
 def test_a_learners_file_still_open_in_a_run_is_not_done_yet(monkeypatch, capsys):
-    monkeypatch.setitem(SECOND_HINTS, "99.3", None)  # removed again after the test
+    monkeypatch.setitem(LADDERS, "99.3", None)  # removed again after the test
 
     @exercise("99.3")
     def ring_file(output):
@@ -165,31 +165,41 @@ def test_call_reports_the_call_and_lets_an_open_exercise_through():
         answers.call(lambda: (_ for _ in ()).throw(NotImplementedError("open")))
 
 
-def test_second_hints(monkeypatch, capsys):
-    monkeypatch.setitem(SECOND_HINTS, "99.1", None)  # removed again after the test
+def test_the_hint_ladder_a_nudge_then_a_pointer_then_the_reveal(monkeypatch, capsys):
+    monkeypatch.setitem(LADDERS, "99.1", None)  # removed again after the test
+    monkeypatch.setattr(check.hints, "ASKED", {})
 
-    @exercise("99.1", second_hint="divide by the number of examples, not of batches")
+    @exercise("99.1", nudge="what is the mean over?",
+              pointer="divide by the number of examples, not of batches")
     def halves(answer):
         checker.expect(answer == 0.5, "half of one is not that")
 
     check.hint("99.1")
-    assert capsys.readouterr().out == ("Exercise 99.1, a stronger hint: divide by the number "
-                                       "of examples, not of batches\n")
+    first = capsys.readouterr().out
+    assert first.startswith("Exercise 99.1, hint 1 of 2: what is the mean over?\n")
+    assert 'Ask again, check.hint("99.1"), for a pointer' in first
+    for _ in range(2):  # the second call and any after it
+        check.hint("99.1")
+        second = capsys.readouterr().out
+        assert second.startswith("Exercise 99.1, hint 2 of 2: divide by the number of "
+                                 "examples, not of batches\n")
+        assert 'check.reveal("99.1") shows the course\'s answer' in second
     with pytest.raises(ExerciseError) as caught:
         halves(0.25)
-    assert rendered(caught.value)[-1] == 'Stuck? check.hint("99.1") gives a stronger hint.'
+    assert rendered(caught.value)[-1] == 'Stuck? check.hint("99.1") gives a nudge.'
     assert "There is no exercise 99.2. The exercises of notebook 99 are: 99.1." \
         == check.hints.hint_text("99.2")
 
 
 def test_hint_finds_a_notebooks_module_and_explains_unknown_ids():
-    assert "3.3" in SECOND_HINTS  # nb03 is imported above
-    assert check.hints.hint_text("3.3").startswith("Exercise 3.3, a stronger hint: ")
+    assert "3.3" in LADDERS  # nb03 is imported above
+    assert check.hints.hint_text("3.3").startswith("Exercise 3.3, hint 1 of 2: ")
+    assert check.hints.hint_text("3.3", 2).startswith("Exercise 3.3, hint 2 of 2: ")
     assert check.hints.hint_text("3.9") == ("There is no exercise 3.9. The exercises of "
                                             "notebook 03 are: 3.1, 3.2, 3.3.")
     assert check.hints.hint_text("42.1") == "There is no exercise 42.1: notebook 42 has none."
     assert "not an exercise number" in check.hints.hint_text("three")
-    assert check.hints.hint_text("06.2").startswith("Exercise 6.2, a stronger hint: ")
+    assert check.hints.hint_text("06.2").startswith("Exercise 6.2, hint 1 of 2: ")
 
 
 def test_needs_outside_ipython():

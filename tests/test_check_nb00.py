@@ -7,7 +7,6 @@ Both exercises are about using launch, so there is no "calls the course's own so
 import pytest
 from check_reports import hint_of
 
-from course_lib.check import hints
 from course_lib.check.nb00 import caught_failure, hello_on_three
 from course_lib.runtime.launch import LaunchError, LaunchResult
 
@@ -78,8 +77,3 @@ def test_not_done_yet(capsys):
     hello_on_three(hole)
     caught_failure(hole)
     assert capsys.readouterr().out.count("not done yet") == 2
-
-
-@pytest.mark.parametrize("exercise_id", ["0.1", "0.2"])
-def test_second_hints(exercise_id):
-    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

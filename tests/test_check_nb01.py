@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from check_reports import hint_of
 
-from course_lib.check import hints
 from course_lib.check.nb01 import central_difference, logistic_gradient, per_example
 from course_lib.lessons import gradients
 
@@ -121,8 +120,3 @@ def test_not_done_yet(capsys):
     logistic_gradient(hole)
     per_example(hole)
     assert capsys.readouterr().out.count("not done yet") == 3
-
-
-@pytest.mark.parametrize("exercise_id", ["1.1", "1.2", "1.3"])
-def test_second_hints(exercise_id):
-    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

@@ -8,7 +8,6 @@ import pytest
 import torch
 from check_reports import hint_of
 
-from course_lib.check import hints
 from course_lib.check.nb02 import accumulation_plan, training_bytes
 from course_lib.lessons import memory
 
@@ -97,8 +96,3 @@ def test_not_done_yet(capsys):
     training_bytes(hole)
     accumulation_plan(hole)
     assert capsys.readouterr().out.count("not done yet") == 2
-
-
-@pytest.mark.parametrize("exercise_id", ["2.1", "2.2"])
-def test_second_hints(exercise_id):
-    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

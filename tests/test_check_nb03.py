@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from check_reports import hint_of
 
-from course_lib.check import hints
 from course_lib.check.nb03 import accumulate, token_normalisation, uneven_weights
 from course_lib.core import accumulation
 from course_lib.lessons import pitfalls
@@ -117,8 +116,3 @@ def test_not_done_yet(capsys):
     token_normalisation(hole)
     uneven_weights(hole)
     assert capsys.readouterr().out.count("not done yet") == 3
-
-
-@pytest.mark.parametrize("exercise_id", ["3.1", "3.2", "3.3"])
-def test_second_hints(exercise_id):
-    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

@@ -7,7 +7,6 @@ import pytest
 import torch
 from check_reports import hint_of
 
-from course_lib.check import hints
 from course_lib.check.nb04 import average_gradients, shard, warmup
 from course_lib.lessons import replicas
 
@@ -131,8 +130,3 @@ def test_not_done_yet(capsys):
     shard(hole)
     warmup(hole)
     assert capsys.readouterr().out.count("not done yet") == 3
-
-
-@pytest.mark.parametrize("exercise_id", ["4.1", "4.2", "4.3"])
-def test_second_hints(exercise_id):
-    assert hints.hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint")

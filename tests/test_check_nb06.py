@@ -5,7 +5,6 @@ import pytest
 import torch
 from check_reports import shown_report
 
-from course_lib.check.checker import SECOND_HINTS
 from course_lib.check.nb06 import reduce_scatter_step, ring_bytes
 from course_lib.core.collectives import chunk_bounds
 from course_lib.lessons import network_sim, ring_viz
@@ -125,11 +124,6 @@ def test_ring_bytes_wrong_answers(wrong, hint):
 def test_one_rank_sends_nothing():
     report_of(ring_bytes, lambda numel, n, size: [2 * numel * size] * n if n == 1 else
               reference_bytes(numel, n, size), "alone (world_size 1)")
-
-
-def test_second_hints_are_registered():
-    assert "every chunk but one" in SECOND_HINTS["6.2"]
-    assert "right-hand neighbour" in SECOND_HINTS["6.1"]
 
 
 def test_not_done(capsys):

@@ -7,7 +7,6 @@ import pytest
 import torch
 from check_reports import shown_report
 
-from course_lib import check
 from course_lib.check import nb08
 from course_lib.check.checker import ExerciseError
 from course_lib.check.nb08 import buckets_by_hand, exposed_communication
@@ -170,13 +169,6 @@ def test_exposed_reports_are_short_and_name_the_mistake(wrong, hint):
 def test_a_one_number_tensor_counts_as_a_number(capsys):
     exposed_communication(lambda events: torch.tensor(exposed_reference(events)))
     assert capsys.readouterr().out == "Exercise 8.2: correct.\n"
-
-
-@pytest.mark.parametrize("exercise_id", ["8.1", "8.2", "8.3"])
-def test_every_exercise_has_a_second_hint(exercise_id, capsys):
-    check.hint(exercise_id)
-    text = capsys.readouterr().out
-    assert text.startswith(f"Exercise {exercise_id}, a stronger hint:") and len(text) > 200
 
 
 def test_the_notebooks_file_is_the_tested_reference():

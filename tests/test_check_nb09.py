@@ -9,7 +9,6 @@ import torch
 from check_reports import shown_report
 from torch.utils.data.distributed import DistributedSampler
 
-from course_lib import check
 from course_lib.check import nb09
 from course_lib.check.checker import ExerciseError
 from course_lib.check.nb09 import atomic_save, sampler_by_hand
@@ -155,13 +154,6 @@ def test_an_error_inside_save_shows_the_learners_line():
 
     text = shown_report(atomic_save, save_atomic)
     assert "TypeError" in text and "torch.save(obj, path + 1)" in text
-
-
-@pytest.mark.parametrize("exercise_id", ["9.1", "9.2", "9.3"])
-def test_every_exercise_has_a_second_hint(exercise_id, capsys):
-    check.hint(exercise_id)
-    text = capsys.readouterr().out
-    assert text.startswith(f"Exercise {exercise_id}, a stronger hint:") and len(text) > 200
 
 
 def test_the_notebooks_file_is_the_tested_reference():

@@ -8,7 +8,6 @@ import torch
 from check_reports import shown_report
 
 from course_lib.check import nb10, own_work, shard_trace
-from course_lib.check.hints import hint_text
 from course_lib.check.nb10 import bytes_per_rank, global_norm, owned_range, reference_bytes
 from course_lib.core.collectives import chunk_bounds
 
@@ -133,8 +132,3 @@ def test_global_norm_reference(right, capsys):
 def test_global_norm_wrong_answers(wrong, words):
     hint = shown_report(global_norm, wrong, nb10, own_work, shard_trace)
     assert words in hint, hint
-
-
-def test_every_exercise_has_a_second_hint():
-    for exercise_id in ("10.1", "10.2", "10.3", "10.4"):
-        assert hint_text(exercise_id).startswith(f"Exercise {exercise_id}, a stronger hint:")

@@ -14,7 +14,7 @@ import pytest
 from capstone_bugs import BUGS, FIXED, HALF_FIXES, buggy_text
 
 from course_lib.check import checker, nb11, report
-from course_lib.check.checker import SECOND_HINTS, ExerciseError
+from course_lib.check.checker import ExerciseError
 from course_lib.check.mp import capstone_cases
 from course_lib.lessons import budget
 from course_lib.lessons.budget import Budget, Plan
@@ -198,9 +198,3 @@ def test_a_plan_over_both_caps_names_both():
 ])
 def test_plans_that_change_the_run_are_refused(plan, words):
     assert words in rejection(plan).replace("\n", " ")
-
-
-def test_second_hints_exist_and_give_no_code():
-    for exercise_id in ("11.1", "11.2"):
-        hint = SECOND_HINTS[exercise_id]
-        assert hint and len(hint) > 100 and "def " not in hint

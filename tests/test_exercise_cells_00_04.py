@@ -74,4 +74,4 @@ def test_a_wrong_answer_and_a_missing_name_give_short_reports(tmp_path):
         assert "NameError: name 'rel' is not defined" in report
         assert RUN_FROM_THE_TOP in " ".join(report)
         stronger = run_alone(kernel, 'from course_lib import check\ncheck.hint("3.2")')
-        assert stdout(stronger).startswith("Exercise 3.2, a stronger hint:")
+        assert stdout(stronger).startswith("Exercise 3.2, hint 1 of 2:")

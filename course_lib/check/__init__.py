@@ -6,7 +6,8 @@ In a notebook::
     import course_lib.check.nb03
 
     check.nb03.accumulate(my_accumulate)  # prints "Exercise 3.1: correct." or fails with a hint
-    check.hint("3.1")  # a second, stronger hint
+    check.hint("3.1")  # a nudge; again: a pointer
+    check.reveal("3.1")  # the course's answer, on purpose
     check.needs(model="section 2")  # stop early, saying where a missing name comes from
 
 A checker prints one fixed line when the answer is right, fails the cell with a short red hint
@@ -28,10 +29,11 @@ from course_lib.check.checker import (
 )
 from course_lib.check.hints import hint
 from course_lib.check.notebook import MissingNameError, install_name_error_help, needs
+from course_lib.check.reference import reveal
 
 install_name_error_help()
 
 __all__ = ["ExerciseError", "LearnerCodeError", "MissingNameError", "call", "describe",
            "exercise", "expect", "expect_tensor_with_grad", "expect_type", "hint",
            "install_name_error_help", "needs", "not_done_line", "passed_line",
-           "raise_if_not_done"]
+           "raise_if_not_done", "reveal"]

@@ -4,7 +4,8 @@ A checker is a function decorated with ``@exercise("N.M")`` that calls the learn
 raises ``ExerciseError`` (through ``expect``) when the answer is wrong. The decorator turns
 what happens into what the learner sees:
 
-- right: it prints ``Exercise N.M: correct.`` and returns None;
+- right: it prints ``Exercise N.M: correct.`` and returns None (in a student copy it then shows
+  the learner's answer beside the course's, ``reference.show_beside``);
 - ``NotImplementedError`` (the open exercise's marked line): it prints the "not done yet" line;
 - ``ExerciseError``: the cell fails and shows the hint in red, a few lines, no checker code;
 - any other error: if the learner's code raised it, the cell shows the learner's line and the
@@ -15,11 +16,24 @@ what happens into what the learner sees:
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Callable
 
 from course_lib.check import report
+from course_lib.check.reference import show_beside
+from course_lib.runtime.workspace import unlock
 
-SECOND_HINTS: dict[str, str | None] = {}  # exercise id -> its second hint, for check.hint
+
+@dataclass(frozen=True)
+class Ladder:
+    """The hints ``check.hint("N.M")`` gives, one per call: a nudge toward the idea, then a
+    pointer to the place and the tool. Neither holds the answer: ``check.reveal`` does."""
+
+    nudge: str | None = None
+    pointer: str | None = None
+
+
+LADDERS: dict[str, Ladder] = {}  # exercise id -> its hints
 
 
 class ExerciseError(AssertionError):
@@ -33,7 +47,7 @@ class ExerciseError(AssertionError):
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a traceback: the hint in red, no checker code."""
         return report.wrong_answer_lines(self.exercise_id, self.hint,
-                                         has_second_hint(self.exercise_id))
+                                         has_hints(self.exercise_id))
 
 
 class LearnerCodeError(ExerciseError):
@@ -47,11 +61,12 @@ class LearnerCodeError(ExerciseError):
 
     def _render_traceback_(self) -> list[str]:
         return report.code_error_lines(self.exercise_id, self.error, self.during, self.hint,
-                                       has_second_hint(self.exercise_id))
+                                       has_hints(self.exercise_id))
 
 
-def has_second_hint(exercise_id: str | None) -> bool:
-    return bool(SECOND_HINTS.get(exercise_id or ""))
+def has_hints(exercise_id: str | None) -> bool:
+    ladder = LADDERS.get(exercise_id or "")
+    return bool(ladder and (ladder.nudge or ladder.pointer))
 
 
 def passed_line(exercise_id: str) -> str:
@@ -63,15 +78,16 @@ def not_done_line(exercise_id: str) -> str:
             "NotImplementedError with your code, then run the cell again).")
 
 
-def exercise(exercise_id: str, second_hint: str | None = None) -> Callable:
+def exercise(exercise_id: str, nudge: str | None = None, pointer: str | None = None) -> Callable:
     """Decorate a checker of exercise ``exercise_id`` ("3.1"); see the module docstring.
 
-    ``second_hint`` is what ``check.hint("3.1")`` prints: more than the checker's hints (which
-    say what is off without giving the formula), still leaving the code to the learner.
+    ``nudge`` and ``pointer`` are what ``check.hint("3.1")`` prints, the first call and the
+    second: the checker's own hints name the symptom and its cause; the nudge points at the
+    idea, the pointer at the place and the tool. None of them writes the code.
     """
 
     def wrap(checker: Callable) -> Callable:
-        SECOND_HINTS[exercise_id] = second_hint
+        LADDERS[exercise_id] = Ladder(nudge, pointer)
 
         @functools.wraps(checker)
         def run(*args, **kwargs) -> None:
@@ -83,9 +99,12 @@ def exercise(exercise_id: str, second_hint: str | None = None) -> Callable:
             except ExerciseError as error:
                 error.exercise_id = error.exercise_id or exercise_id
                 raise
-            except Exception as error:  # noqa: BLE001 - every error becomes a short report
+            except Exception as error:  # every error becomes a short report
                 raise as_exercise_error(error, exercise_id) from error
             print(passed_line(exercise_id))
+            unlock(exercise_id)  # the library's code of this exercise may show in full now
+            if args:
+                show_beside(exercise_id, args[0])
 
         run.exercise_id = exercise_id
         return run

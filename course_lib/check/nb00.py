@@ -5,7 +5,7 @@ from course_lib.check.checker import LearnerCodeError, exercise, expect
 from course_lib.runtime.launch import LaunchError, LaunchResult
 
 
-@exercise("0.1", second_hint="launch(...) takes the module's name as a string, the number of "
+@exercise("0.1", pointer="launch(...) takes the module's name as a string, the number of "
                              "processes as nproc=..., and quiet=True keeps the ranks' lines "
                              "out of the notebook. Return the object it returns, not one of "
                              "its fields.")
@@ -23,7 +23,7 @@ def hello_on_three(make_run) -> None:
                                f"{len(ranks)} process(es): ask launch for three")
 
 
-@exercise("0.2", second_hint="launch raises LaunchError when a rank fails. Put the launch(...) "
+@exercise("0.2", pointer="launch raises LaunchError when a rank fails. Put the launch(...) "
                              "call inside try:, and under `except LaunchError as error:` "
                              "return the error. The arguments for the module go in args=[...], "
                              "as strings.")

@@ -23,7 +23,7 @@ NUMBER = (float, int)
 AUTOGRAD = [torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward]
 
 
-@exercise("1.1", second_hint="Evaluate f a small step eps to the right of x and the same step "
+@exercise("1.1", pointer="Evaluate f a small step eps to the right of x and the same step "
                              "to the left. The difference of the two values, over the "
                              "distance between the two points, is the slope; the errors of "
                              "the two sides cancel to first order.")
@@ -50,7 +50,7 @@ def central_difference(my_central_difference) -> None:
                "function's values at two points placed evenly around x")
 
 
-@exercise("1.2", second_hint="The loss of one example is a function of its logit x_i . w. "
+@exercise("1.2", pointer="The loss of one example is a function of its logit x_i . w. "
                              "Its derivative with respect to the logit is the prediction "
                              "minus the label; the chain rule then multiplies by x_i. The "
                              "loss is a mean: average these vectors over the n examples "
@@ -80,7 +80,7 @@ def logistic_gradient(my_logistic_grad) -> None:
                "rule (the sigmoid's derivative, the logit's derivative in w) and the mean")
 
 
-@exercise("1.3", second_hint="Loop over i. In each pass: clear every parameter's .grad, run "
+@exercise("1.3", pointer="Loop over i. In each pass: clear every parameter's .grad, run "
                              "the model and the loss on the slice x[i:i+1], y[i:i+1] (a batch "
                              "of one keeps the shapes the model expects), call backward, then "
                              "flatten each p.grad and concatenate them into one row. Stack "

@@ -54,7 +54,7 @@ def _training_bytes_hint(got: dict, want: dict, params: int, element: int) -> st
             "gradients + optimizer state; count each of the three in bytes")
 
 
-@exercise("2.1", second_hint="Bytes of one tensor: its number of elements times its element "
+@exercise("2.1", pointer="Bytes of one tensor: its number of elements times its element "
                              "size (both are methods of a tensor). Training keeps the "
                              "parameters, one gradient per parameter, and the optimizer's "
                              "state: plain SGD keeps nothing, momentum one buffer per "
@@ -78,7 +78,7 @@ def training_bytes(my_training_bytes) -> None:
             expect(False, _training_bytes_hint(got, want, params, element))
 
 
-@exercise("2.2", second_hint="Take the fixed memory away from the budget: what is left is for "
+@exercise("2.2", pointer="Take the fixed memory away from the budget: what is left is for "
                              "activations. Divided by the bytes of one example (rounded "
                              "down), that is the largest micro-batch. The number of "
                              "micro-steps is the global batch over that, rounded up; when the "

@@ -25,7 +25,7 @@ def times(c: float) -> str:
     return f"{c:.3g} times too large" if c > 1 else f"{1 / c:.3g} times too small"
 
 
-@exercise("3.1", second_hint="Walk over the micro-batches in order (x.chunk gives them). For "
+@exercise("3.1", pointer="Walk over the micro-batches in order (x.chunk gives them). For "
                              "each: its mean loss, scaled so that the k scaled means add up "
                              "to the mean over the whole batch, then backward. Do not clear "
                              ".grad inside the loop: adding up is what you want.")
@@ -71,7 +71,7 @@ def _accumulated(model, parts, loss_of) -> torch.Tensor:
     return gradients.flat_grad(model).clone()
 
 
-@exercise("3.2", second_hint="The big batch's loss is one mean: the sum of every scored token's "
+@exercise("3.2", pointer="The big batch's loss is one mean: the sum of every scored token's "
                              "loss over the number of scored tokens in the whole batch. Split "
                              "the sum over the micro-batches: each micro-batch contributes its "
                              "own token-loss sum over that same number. Which of the four "
@@ -121,7 +121,7 @@ def token_normalisation(my_micro_loss) -> None:
                   "the same in the sum of your losses")
 
 
-@exercise("3.3", second_hint="The batch's mean loss is the sum over all N examples, over N. A "
+@exercise("3.3", pointer="The batch's mean loss is the sum over all N examples, over N. A "
                              "micro-batch's mean is the sum over its own n_j examples, over "
                              "n_j. So to turn micro-batch j's mean back into its part of the "
                              "batch's mean, multiply it by how big a part of the batch it is.")

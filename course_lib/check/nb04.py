@@ -33,7 +33,7 @@ def _all_close(got, want) -> bool:
     return all(torch.allclose(g, w, rtol=1e-5, atol=1e-7) for g, w in zip(got, want, strict=True))
 
 
-@exercise("4.1", second_hint="zip(*(r.parameters() for r in replica_list)) walks over the "
+@exercise("4.1", pointer="zip(*(r.parameters() for r in replica_list)) walks over the "
                              "parameters, giving the same parameter of every replica "
                              "together. For each such group: stack their .grad, take the "
                              "mean over the replicas once, and copy that one tensor into each "
@@ -60,7 +60,7 @@ def average_gradients(my_average_gradients) -> None:
            "and give every replica that same result")
 
 
-@exercise("4.2", second_hint="With B rows and world_size ranks, each rank owns B // "
+@exercise("4.2", pointer="With B rows and world_size ranks, each rank owns B // "
                              "world_size rows, one block after the other: rank 0 the first "
                              "block, rank 1 the next. Slice x from the first row of rank's "
                              "block to the first row of the next block. Check B % world_size "
@@ -111,7 +111,7 @@ def _warmup_hint(got: list[float], peak: float, warm: int) -> str:
     return f"{where}: after the warmup the rate should stay at the peak"
 
 
-@exercise("4.3", second_hint="During the warmup the rate is peak_lr times a fraction that "
+@exercise("4.3", pointer="During the warmup the rate is peak_lr times a fraction that "
                              "grows by 1 / warmup_steps each step, starting at 1 / "
                              "warmup_steps for step 0 (count steps from 1 for the fraction). "
                              "Cap the fraction at 1, so the rate stays at the peak afterwards.")

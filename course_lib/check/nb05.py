@@ -34,7 +34,7 @@ def _row_sums(before) -> list[list[float]]:
     return [[float(sum(row))] for row in before]
 
 
-@exercise("5.1", second_hint=REDUCE_SCATTER_HINT)
+@exercise("5.1", pointer=REDUCE_SCATTER_HINT)
 def reduce_scatter_by_hand(simulate) -> None:
     """``simulate(before)`` returns what every rank holds after a reduce-scatter."""
     library = [expected_after]
@@ -69,7 +69,7 @@ FIT_HINT = ("Both times are alpha plus beta times the bytes. Subtract one from t
             "Then alpha is what remains of t1 once you take away the cost of its n1 bytes.")
 
 
-@exercise("5.2", second_hint=FIT_HINT)
+@exercise("5.2", pointer=FIT_HINT)
 def two_point_fit(fit) -> None:
     """``fit(n1, t1, n2, t2)`` returns ``(alpha, beta)`` of the line through both."""
     library = [fit_alpha_beta]

@@ -93,7 +93,7 @@ def check_one_step(step_fn, state, step: int):
     return expected
 
 
-@exercise("6.1", second_hint=RS_SECOND_HINT)
+@exercise("6.1", pointer=RS_SECOND_HINT)
 def reduce_scatter_step(step_fn) -> None:
     """``step_fn(chunks, step)`` returns the state after reduce-scatter step ``step``."""
     for world_size, numel in ((2, 6), (3, 7), (4, 9), (5, 5)):
@@ -137,7 +137,7 @@ def name_bytes_mistake(got: list[int], numel: int, world_size: int, element_size
                   "chunks rank r sends in each phase, and which ones it does not send")
 
 
-@exercise("6.2", second_hint=BYTES_SECOND_HINT)
+@exercise("6.2", pointer=BYTES_SECOND_HINT)
 def ring_bytes(count_fn) -> None:
     """``count_fn(numel, world_size, element_size)``: bytes each rank sends in the ring."""
     library = [ring_viz.bytes_sent_per_rank, network_sim.simulate]

@@ -36,7 +36,7 @@ def whole_bounds(answer) -> bool:
                for v in (answer.start, answer.stop, answer.step))
 
 
-@exercise("7.1", second_hint=(
+@exercise("7.1", pointer=(
     "Number the micro-batches of the global batch in order: all K micro-batches of rank 0 "
     "first, then those of rank 1, and so on. Which number does micro-step k of rank r get, "
     "and how many rows does each micro-batch hold? Multiply to find the first row; keep every "
@@ -84,7 +84,7 @@ def scaled_losses(scale_fn, loss_sums, tokens) -> list[float]:
     return scaled
 
 
-@exercise("7.2", second_hint=(
+@exercise("7.2", pointer=(
     "After the sync, the gradient is the AVERAGE over the N ranks of what each rank "
     "backpropagated. You want the gradient of (sum of every token's loss) / (global token "
     "count). So the N ranks' losses must add up to N times that mean: which factor, the same "
@@ -211,7 +211,7 @@ def judge_dp_case(summary: dict, by_rank: dict, run) -> None:
                "the same step, from the same averaged gradients")
 
 
-@exercise("7.3", second_hint=(
+@exercise("7.3", pointer=(
     "broadcast_parameters: for each parameter, dist.broadcast its tensor from rank 0 within "
     "the group, in place (under torch.no_grad()). data_parallel_step: zero the gradients; for "
     "each micro-batch, backward its loss divided by the number of micro-batches, with no "

@@ -35,7 +35,7 @@ def reference_buckets(sizes: list[int], cap: int) -> list[list[int]]:
     return [[order[position] for position in bucket] for bucket in plan]
 
 
-@exercise("8.1", second_hint=(
+@exercise("8.1", pointer=(
     "Walk the indices from the last to the first (reversed(range(len(sizes)))), keeping a "
     "running total of the open bucket's bytes. Before adding a parameter, ask whether it "
     "would take that total past cap; if so (and the bucket is not empty) open a new bucket "
@@ -96,7 +96,7 @@ def reference_exposed_ms(events: list[dict]) -> float:
     return 1000 * sum(max(0.0, stop - max(start, end)) for start, stop in merged)
 
 
-@exercise("8.2", second_hint=(
+@exercise("8.2", pointer=(
     "Take backward's end, the largest end_s of the compute events. Sort the comm intervals "
     "by start and move each start forward to whatever is later: backward's end, or the end "
     "of the time you have already counted. Only what remains of the interval after that is "
@@ -238,7 +238,7 @@ def judge_hooks_case(summary: dict, by_rank: dict, run) -> None:
         judge_hook_values(rank, by_rank[rank], spec, run.world_size)
 
 
-@exercise("8.3", second_hint=(
+@exercise("8.3", pointer=(
     "In gradient_ready: find the parameter's bucket and offset in self.where, copy its "
     ".grad (flattened) into that slice of the bucket's flat tensor, count it, and when the "
     "count reaches the bucket's length call dist.all_reduce(flat, group=self.group, "

@@ -31,7 +31,7 @@ def reference_indices(size: int, world_size: int, rank: int, epoch: int, seed: i
     return list(sampler)
 
 
-@exercise("9.1", second_hint=(
+@exercise("9.1", pointer=(
     "Make a torch.Generator, seed it with seed + epoch, and draw "
     "torch.randperm(size, generator=g).tolist(). The total length is the smallest multiple "
     "of world_size that holds size indices; append the first (total - size) indices of the "
@@ -95,7 +95,7 @@ def _load(path: str):
         return None
 
 
-@exercise("9.2", second_hint=(
+@exercise("9.2", pointer=(
     "Two lines. First torch.save the object to another name in the same folder, path + "
     "\".tmp\": a crash there leaves path as it was. Then os.replace(tmp, path), which swaps "
     "the name over in one step: anyone reading path sees the old file or the new one. Let "
@@ -229,7 +229,7 @@ def check_config_class(path: str) -> None:
                         "exercise gives (the checker sets them)")
 
 
-@exercise("9.3", second_hint=(
+@exercise("9.3", pointer=(
     "In train: DDP(make_model(config).to(device)); a DistributedSampler(dataset, "
     "num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed) in a DataLoader "
     "with batch_size=config.micro_batch; each epoch starts with sampler.set_epoch(epoch). "

@@ -34,7 +34,7 @@ def owned_pair(owned, numel: int, world_size: int, rank: int) -> tuple[int, int]
     return int(got[0]), int(got[1])
 
 
-@exercise("10.1", second_hint=(
+@exercise("10.1", pointer=(
     "Every rank gets numel // world_size values, and the numel % world_size values left over "
     "go one each to the first ranks. Rank r starts after the values of ranks 0 .. r-1: count "
     "those (how many of them got an extra one?), then add its own size for the end."))
@@ -64,7 +64,7 @@ def reference_bytes(num_params: int, world_size: int, stage: int) -> float:
     return sum(shards[stage])
 
 
-@exercise("10.2", second_hint=(
+@exercise("10.2", pointer=(
     "Start from the three parts, each in bytes: parameters, gradients, optimizer state. "
     "Stage 1 divides one of them by the world size, stage 2 one more, stage 3 all three. "
     "Make sure every stage from 0 to 3 reaches a return."))
@@ -88,7 +88,7 @@ def bytes_per_rank(model) -> None:
                           f"divides {names[stage]} by the world size, and keeps the rest whole")
 
 
-@exercise("10.3", second_hint=(
+@exercise("10.3", pointer=(
     "The squared norm of the whole vector is the sum of the squares of all its values. Group "
     "that sum by shard: each rank can compute its part alone, one number. Add the N numbers "
     "(that is the all-reduce), then take the square root once, at the end."))
@@ -196,7 +196,7 @@ def judge_zero_case(summary: dict, by_rank: dict, run) -> None:
     judge_zero_values(spec, by_rank, n)
 
 
-@exercise("10.4", second_hint=(
+@exercise("10.4", pointer=(
     "make_shard_optimizer: take this rank's (start, end) from chunk_bounds, wrap the slice "
     "flat_params[start:end] (a view: its updates land in flat_params) in torch.nn.Parameter "
     "and give only that to optimizer_class. zero1_step: ring_reduce_scatter the flat "

@@ -155,7 +155,7 @@ SECOND_11_1 = (
     "sampler.set_epoch(epoch) before each epoch.")
 
 
-@exercise("11.1", second_hint=SECOND_11_1)
+@exercise("11.1", pointer=SECOND_11_1)
 def capstone_trainer(path: str = TRAINER_FILE, world_size: int = 2) -> None:
     """The learner's trainer, launched on ``world_size`` processes, against the ladder."""
     if _still_open(path):
@@ -211,7 +211,7 @@ SECOND_11_2 = (
     "Try budget.step_ms and budget.memory_kib on a few plans before you pick.")
 
 
-@exercise("11.2", second_hint=SECOND_11_2)
+@exercise("11.2", pointer=SECOND_11_2)
 def capstone_budget(my_plan, challenge: budget.Budget | None = None) -> None:
     """``my_plan()`` returns a ``budget.Plan``; it must keep the recipe and fit both caps."""
     challenge = challenge or budget.Budget()

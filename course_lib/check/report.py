@@ -102,7 +102,7 @@ def _title(exercise_id: str | None, what: str) -> str:
 
 
 def _more_help(exercise_id: str | None) -> list[str]:
-    return [DIM + f'Stuck? check.hint("{exercise_id}") gives a stronger hint.' + RESET]
+    return [DIM + f'Stuck? check.hint("{exercise_id}") gives a nudge.' + RESET]
 
 
 def wrong_answer_lines(exercise_id: str | None, hint: str, more_help: bool) -> list[str]:

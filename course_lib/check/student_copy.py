@@ -12,10 +12,14 @@ prints "Exercise 3.1: not done yet ...", so a copy runs top to bottom without an
 A cell that starts with ``%%writefile workspace/NAME.py`` (a file the learner's processes run)
 gets the same line; the file then raises when run, and its checker, a later call that names
 ``NAME.py``, reports "not done yet".
+
+A cell that shows library code an exercise mirrors, ``show(fn, exercise="N.M")``, loses its
+saved output: run in the copy, it shows the outline only until the exercise is passed.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,13 +44,27 @@ BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 NOTE = ("> **Your copy.** The exercises at the end are open. In each one, replace the line "
         '`raise NotImplementedError("Exercise N.M: replace this line with your code")` with '
         "your code (as many lines as you need, indented like it) and run the cell: its checker "
-        'prints `correct`, or what is off; `check.hint("N.M")` gives a stronger hint. Run the '
-        "notebook from the top first (Run > Run All Cells): the exercises use what the cells "
-        "above define. `scripts/start.sh --student` keeps this copy; "
-        "`scripts/start.sh --student --reset` gives you a fresh one.")
+        'prints `correct`, or what is off. Stuck? `check.hint("N.M")` gives a nudge, a second '
+        'call a pointer, and `check.reveal("N.M")` the course\'s answer when you decide to see '
+        "it. Library code that an exercise asks you to write shows only its signature until you "
+        "pass (then yours and ours side by side). Run the notebook from the top first (Run > Run "
+        "All Cells): the exercises use what the cells above define. `scripts/start.sh --student` "
+        "keeps this copy and your files in `workspace/`; `scripts/start.sh --student --reset` "
+        "moves them to `previous/` and gives you fresh ones.")
 
 __all__ = ["BEGIN", "END", "NOTE", "Block", "MalformedNotebook", "StudentCopy",
            "make_student_copy", "marked_line"]
+
+
+def shows_an_answer(tree: ast.Module) -> bool:
+    """Whether a cell calls ``show(..., exercise=...)`` (or ``show_file``): library code that
+    is an exercise's answer, whose saved output must not reach the student copy."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and any(k.arg == "exercise" for k in node.keywords):
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if name in ("show", "show_file"):
+                return True
+    return False
 
 
 def marked_line(exercise_id: str) -> str:
@@ -207,6 +225,7 @@ def make_student_copy(nb, name: str = "notebook", check_dir: Path | None = None)
             lines[block.begin: block.end + 1] = block.hole()
         nb.cells[i].source = "\n".join(lines)
         parse(nb.cells[i].source, f"{name}, cell {i} (with its marked line)")
+    clear.update(i for i, tree in kernel_trees.items() if shows_an_answer(tree))
     for i in clear:
         nb.cells[i].outputs, nb.cells[i].execution_count = [], None
         nb.cells[i].metadata.pop("execution", None)

@@ -13,6 +13,11 @@ learner's function only while that record holds, else the library's::
 
 ``COURSE_WORKSPACE`` names another folder (tests use it); launched processes inherit both the
 working directory and the environment, so they find the same folder.
+
+In a student copy (its folder holds ``.student_copies.json``), the library code an exercise
+mirrors shows only its signature until the exercise is *unlocked*: passed, or revealed on
+purpose (``check.reveal``). ``unlock`` notes that in ``workspace/.unlocked.json``, so it holds
+after a restart of the kernel.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from typing import Any
 
 WORKSPACE_ENV = "COURSE_WORKSPACE"
 PASSED_FILE = ".passed.json"
+UNLOCKED_FILE = ".unlocked.json"
+STUDENT_MANIFEST = ".student_copies.json"  # written by scripts/make_student_notebooks.py
+STUDENT_ENV = "COURSE_STUDENT_COPY"  # "1": act as a student copy wherever the kernel runs
 
 
 def workspace_dir(create: bool = True) -> Path:
@@ -43,13 +51,50 @@ def file_hash(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _read_passes(folder: Path) -> dict:
+def _read_json(path: Path) -> dict:
     try:
-        with open(folder / PASSED_FILE) as f:
-            passes = json.load(f)
+        with open(path) as f:
+            value = json.load(f)
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
-    return passes if isinstance(passes, dict) else {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.parent / f"{path.name}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _read_passes(folder: Path) -> dict:
+    return _read_json(folder / PASSED_FILE)
+
+
+def is_student_copy() -> bool:
+    """True in a student copy's folder (the kernel's working directory), or with
+    ``COURSE_STUDENT_COPY=1``."""
+    return os.environ.get(STUDENT_ENV) == "1" or Path(STUDENT_MANIFEST).is_file()
+
+
+def unlock(exercise_id: str, why: str = "passed") -> None:
+    """Note, in a student copy, that exercise ``exercise_id`` was passed (or revealed): its
+    code may show from now on. Elsewhere everything shows already: nothing is written."""
+    if not is_student_copy():
+        return
+    folder = workspace_dir()
+    unlocked = _read_json(folder / UNLOCKED_FILE)
+    unlocked[exercise_id] = why
+    _write_json(folder / UNLOCKED_FILE, unlocked)
+
+
+def is_unlocked(exercise_id: str) -> bool:
+    """Whether the library code that exercise ``exercise_id`` mirrors may show in full: always
+    outside a student copy; in one, once the exercise is passed or revealed."""
+    if not is_student_copy():
+        return True
+    folder = workspace_dir(create=False)
+    return exercise_id in _read_json(folder / UNLOCKED_FILE) or \
+        exercise_id in _read_passes(folder)
 
 
 def record_pass(exercise_id: str, path: str | os.PathLike) -> None:
@@ -57,9 +102,7 @@ def record_pass(exercise_id: str, path: str | os.PathLike) -> None:
     path = Path(path)
     passes = _read_passes(path.parent)
     passes[exercise_id] = {"file": path.name, "sha256": file_hash(path)}
-    tmp = path.parent / f"{PASSED_FILE}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(passes, indent=1, sort_keys=True))
-    os.replace(tmp, path.parent / PASSED_FILE)
+    _write_json(path.parent / PASSED_FILE, passes)
 
 
 def has_passed(exercise_id: str, path: str | os.PathLike) -> bool:
