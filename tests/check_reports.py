@@ -68,3 +68,14 @@ def shown_report(checker, answer, *modules, **kwargs) -> str:
     ``report_of`` checks it (``modules``: more files whose code must not show)."""
     return " ".join(line.strip() for line in report_of(checker, answer, modules=modules,
                                                         **kwargs))
+
+
+def file_hint(checker, path: str, **kwargs) -> str:
+    """The hint a multi-process checker gives the learner's file at ``path`` (``checker(path,
+    **kwargs)`` must fail), after asserting that no pass was recorded for it."""
+    from course_lib.runtime.workspace import has_passed
+
+    with pytest.raises(ExerciseError) as caught:
+        checker(path, **kwargs)
+    assert not has_passed(checker.exercise_id, path)
+    return str(caught.value)

@@ -57,9 +57,15 @@ class Workspace:
         self.root = root
 
     def put(self, answer: str, as_name: str) -> str:
-        """Copy tests/workspace_answers/ANSWER.py to workspace/AS_NAME.py; return that path."""
+        """Write ``answer`` to workspace/AS_NAME and return that path. ``answer`` is a file's
+        text (``answer_edits.reference``, ``edited``, ...) or, without a newline, the name of
+        a file in tests/workspace_answers/."""
         os.makedirs(self.root / "workspace", exist_ok=True)
-        shutil.copy(os.path.join(ANSWERS, f"{answer}.py"), self.root / "workspace" / as_name)
+        target = self.root / "workspace" / as_name
+        if "\n" in answer:
+            target.write_text(answer)
+        else:
+            shutil.copy(os.path.join(ANSWERS, f"{answer}.py"), target)
         return f"workspace/{as_name}"
 
 
