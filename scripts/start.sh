@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the course (first time: a few minutes) and open it in JupyterLab.
 #   scripts/start.sh                    the course, opened on notebook 00
-#   scripts/start.sh --student          workshop copies with the exercises open (in student/)
-#   scripts/start.sh --student --reset  the same, starting again from fresh copies
+#   scripts/start.sh --student          workshop copies with the exercises open (in student/);
+#                                       again: every notebook and file you changed is kept
+#   scripts/start.sh --student --reset  the same, from fresh copies (yours go to student/previous/)
 #   PORT=9999 scripts/start.sh          another port (default: the first free one from 8888)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,7 +13,7 @@ for arg in "$@"; do
   case "$arg" in
     --student) student=1 ;;
     --reset) reset=1 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "error: unknown option $arg (use --student, --reset or --help)" >&2
        echo "$usage" >&2; exit 2 ;;
   esac

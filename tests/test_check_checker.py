@@ -10,7 +10,7 @@ from notebook_kernel import errors, fresh_kernel, stdout
 import course_lib.check.nb03 as nb03
 from course_lib import check
 from course_lib.check import answers, checker, report
-from course_lib.check.checker import LADDERS, ExerciseError, LearnerCodeError, exercise
+from course_lib.check.checker import LADDERS, ExerciseError, Ladder, LearnerCodeError, exercise
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CHECKER_FILES = [nb03.__file__, checker.__file__, report.__file__, answers.__file__]
@@ -216,7 +216,7 @@ def test_in_a_real_kernel(tmp_path):
         assert not kernel.run("from course_lib import check\nimport course_lib.check.nb03").failed
         cell = kernel.run("x = 1\nprint(F.relu(x))")
         assert cell.failed and errors(cell)[0].traceback == [
-            "\x1b[31mNameError: name 'F' is not defined\x1b[0m", report.RUN_FROM_THE_TOP]
+            "\x1b[1mNameError: name 'F' is not defined\x1b[0m", report.RUN_FROM_THE_TOP]
         cell = kernel.run("def my_weights(sizes):\n    return [n / totl for n in sizes]\n\n"
                           "check.nb03.uneven_weights(my_weights)")
         lines = [ANSI.sub("", line) for line in errors(cell)[0].traceback]
@@ -234,3 +234,27 @@ def test_in_a_real_kernel(tmp_path):
         assert cell.failed and "rows is not defined yet; it comes from section 4 (the " \
             "timeline)" in ANSI.sub("", errors(cell)[0].traceback[0])
         assert stdout(kernel.run('print("still running")')) == "still running\n"
+
+
+def test_a_launched_files_error_shows_where_their_line_the_exception_and_the_hint_apart(
+        monkeypatch):
+    monkeypatch.setitem(LADDERS, "99.6", Ladder("a nudge", "a pointer"))
+    message = ("rank 1, workspace/my_ring.py line 12, in ring_all_reduce:\n"
+               "    chunks = torch.tensor_split(flat, n)[rank + 1]\n"
+               "IndexError: tuple index out of range\n"
+               "(case: 12 float32 numbers; launched on 2 processes)\n"
+               "tensor_split(flat, N) gives N chunks: the index must stay below N, whatever "
+               "the rank; count the chunks you ask for at the last rank and at the first.")
+    error = ExerciseError(message, raised=True)
+    error.exercise_id = "99.6"
+    lines = rendered(error)
+    assert lines[:5] == ["Exercise 99.6: your code raised an error.",
+                         "rank 1, workspace/my_ring.py line 12, in ring_all_reduce:",
+                         "    chunks = torch.tensor_split(flat, n)[rank + 1]",
+                         "IndexError: tuple index out of range",
+                         "(case: 12 float32 numbers; launched on 2 processes)"]
+    assert lines[5].startswith("tensor_split(flat, N) gives N chunks") and len(lines) == 8
+    assert lines[7] == 'Stuck? check.hint("99.6") gives a nudge.'
+    raw = error._render_traceback_()
+    assert raw[3] == "\x1b[1mIndexError: tuple index out of range\x1b[0m"  # bold, no colour
+    assert not [line for line in raw if "\x1b[3" in line]  # no ANSI colour on the pink

@@ -9,15 +9,14 @@ For each ``notebooks/NN_*.ipynb`` found when the tests are collected, the copy t
     and then the exercise cells (the code cells after the "## Exercises" heading), prints each
     exercise's "not done yet" line, no "correct" line and no error;
 (c) the same with every marked line replaced by the reference answer prints every
-    exercise's "correct" line.
+    exercise's "correct" line, and, as the kernel works in a student copy's folder, says the
+    answer is the course's line for line (a pass shows theirs beside ours).
 
 The other cells are not run here: nbval runs them in the notebooks, which the copies share.
-An exercise cell that needs a name from a cell before the exercises (other than the setup
-cell) fails (b) or (c); ``NEEDS_EARLIER_CELLS`` lists them. For such a notebook the test checks
-that exactly those cells fail, with that error, and is then reported as xfail with the list.
+So an exercise cell may use only what the setup cell makes (or say where a name comes from
+with ``check.needs``): any error in (b) or (c) fails the test.
 """
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,13 +28,11 @@ from notebook_kernel import errors, fresh_kernel, stdout
 from course_lib.check import student_copy as student_copies
 from course_lib.check.checker import not_done_line, passed_line
 from course_lib.check.mp.harness import WORLD_SIZES_ENV
+from course_lib.runtime.workspace import STUDENT_MANIFEST
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
-# notebook -> {"open" | "answered": {cell: the missing name it stops on}}; the notebook's cells
-NEEDS_EARLIER_CELLS: dict[str, dict[str, dict[int, str]]] = {}  # none today
-MISSING_NAME = re.compile(r"NameError: name '(\w+)' is not defined")
 
 
 def student_copy(source: Path, out: Path):
@@ -102,12 +99,6 @@ def exercise_cells(nb) -> list[int]:
     return [i for i in range(starts[0] + 1, len(nb.cells)) if nb.cells[i].cell_type == "code"]
 
 
-def missing_name(error: str) -> str:
-    """The name a NameError (bare, or inside a checker's report) misses; else the error."""
-    found = MISSING_NAME.search(error)
-    return found.group(1) if found else error
-
-
 def run_exercises(nb, folder: Path, mode: str) -> dict:
     """Run the setup cell, then the exercise cells, in a fresh kernel; the cells, by index.
 
@@ -115,6 +106,7 @@ def run_exercises(nb, folder: Path, mode: str) -> dict:
     answers are the notebook's own (test_copy_changes_only_...), which nbval checks on 2, 3
     and 4."""
     setup = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    (folder / STUDENT_MANIFEST).write_text("{}")  # the kernel works in a student copy's folder
     with fresh_kernel(folder) as kernel:
         if mode == "answered":
             kernel.run(f"import os\nos.environ[{WORLD_SIZES_ENV!r}] = '3'")
@@ -126,22 +118,20 @@ def check_run(source: Path, tmp_path: Path, mode: str) -> None:
     student = made.notebook  # the copy the command line writes: test_copy_changes_only_...
     nb = fill_in(student, made, markers=False) if mode == "answered" else without_note(student)
     cells = run_exercises(nb, tmp_path, mode)
-    failed = {i: missing_name(f"{e.ename}: {e.evalue}") for i, c in cells.items()
-              for e in errors(c)}
-    expected = NEEDS_EARLIER_CELLS.get(source.stem, {}).get(mode, {})
-    assert failed == expected, "cells that failed (expected: NEEDS_EARLIER_CELLS)"
+    failed = {i: f"{e.ename}: {e.evalue}" for i, c in cells.items() for e in errors(c)}
+    assert not failed, "exercise cells that failed"
     for i, cell in cells.items():
         assert not [o for o in cell.outputs if o.get("name") == "stderr"], f"cell {i}"
     wanted, unwanted = (not_done_line, passed_line) if mode == "open" else (passed_line,
                                                                            not_done_line)
     for exercise_id, checker_cells in made.checker_cells.items():
         assert checker_cells <= set(cells), f"{exercise_id}: a checker outside the exercises"
-        for i in checker_cells - set(failed):
+        for i in checker_cells:
             printed = stdout(cells[i]).split("\n")
             assert wanted(exercise_id) in printed, f"cell {i}: {printed}"
             assert unwanted(exercise_id) not in printed, f"cell {i}: {printed}"
-    if expected:
-        pytest.xfail(f"exercise cells that need earlier cells: {expected}")
+            if mode == "answered":  # theirs (here the course's own) beside ours
+                assert "Your code is the course's, line for line." in printed, printed
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -39,15 +39,17 @@ LADDERS: dict[str, Ladder] = {}  # exercise id -> its hints
 class ExerciseError(AssertionError):
     """The answer runs but is wrong; the message is the hint that says what to look at."""
 
-    def __init__(self, hint: str):
+    def __init__(self, hint: str, raised: bool = False):
         super().__init__(hint)
         self.hint = hint
+        self.raised = raised  # the learner's own code raised (in a launched file)
         self.exercise_id: str | None = None  # set by @exercise
 
     def _render_traceback_(self) -> list[str]:
-        """What IPython shows instead of a traceback: the hint in red, no checker code."""
+        """What IPython shows instead of a traceback: the hint, no checker code."""
+        what = "your code raised an error." if self.raised else "not right yet."
         return report.wrong_answer_lines(self.exercise_id, self.hint,
-                                         has_hints(self.exercise_id))
+                                         has_hints(self.exercise_id), what)
 
 
 class LearnerCodeError(ExerciseError):

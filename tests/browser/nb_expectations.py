@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RANK_LINE = re.compile(r"^\[rank (\d+)\] ", re.MULTILINE)  # how the launcher prefixes lines
 SLIDER_REPR = re.compile(r"\b\w*Slider\(")  # text/plain of a displayed ipywidgets slider
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -30,6 +31,7 @@ class CellExpectation:
     error_allowed: bool  # the saved run ended this cell in an error on purpose
     shows_slider: bool  # the saved output displays an ipywidgets slider
     saved_unrun: bool = False  # a non-empty code cell saved without an execution count
+    report_lines: tuple[str, ...] = ()  # the lines of its saved error, colours removed
 
 
 @dataclass
@@ -55,6 +57,11 @@ class NotebookExpectation:
     def saved_unrun(self) -> list[int]:
         """Cells saved without being run: the saved notebook then promises nothing about them."""
         return [c.index for c in self.cells if c.saved_unrun]
+
+    @property
+    def report_cells(self) -> dict[int, list[str]]:
+        """Cells that end in an error on purpose (an exercise's report): their lines."""
+        return {c.index: list(c.report_lines) for c in self.cells if c.report_lines}
 
     @property
     def multi_rank_cells(self) -> list[CellExpectation]:
@@ -96,8 +103,10 @@ def cell_expectation(index: int, cell: dict) -> CellExpectation:
     pngs = sum(1 for o in outputs if "image/png" in o.get("data", {}))
     errored = any(o["output_type"] == "error" for o in outputs)
     must_run = bool(source.strip())
+    report = tuple(ANSI.sub("", line).rstrip() for o in outputs if o["output_type"] == "error"
+                   for line in o.get("traceback", []) if line.strip())
     return CellExpectation(index, "code", must_run, pngs, ranks, errored, shows_slider(outputs),
-                           must_run and cell.get("execution_count") is None)
+                           must_run and cell.get("execution_count") is None, report)
 
 
 def read_expectation(path: Path) -> NotebookExpectation:

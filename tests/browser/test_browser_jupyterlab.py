@@ -2,7 +2,10 @@
 
 For each notebook, what must be seen is read from its saved outputs (nb_expectations.py): no
 error anywhere, every saved plot as an image in the page, lines from every rank where the saved
-run had them, and, when there is a slider, its output changes when the slider moves.
+run had them, and, when there is a slider, its output changes when the slider moves. Where a
+cell ends in an exercise's report on purpose (the fixture has two), each line of the saved
+report is a line of its own in the page, and its text reads at 4.5:1 or better on the error
+box, in the light and the dark theme (error_reports.py).
 Screenshots go to test-artifacts/browser/NOTEBOOK/.
 """
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from lab_page import (
+    STDERR_MIME,
     clear_outputs,
     move_first_slider,
     open_notebook,
@@ -24,6 +28,7 @@ from lab_page import (
     screenshot_cell,
     wait_until_run_ends,
 )
+from error_reports import report_problems
 from lab_server import shut_down_kernels
 from nb_expectations import NotebookExpectation, page_problems, read_expectation
 
@@ -144,6 +149,8 @@ def test_notebook_runs_in_jupyterlab(notebook: Path, lab, browser, artifacts):
         cells = wait_until_run_ends(page, must_run, RUN_TIMEOUT_S)
         save_evidence(page, expected, out)
         problems = page_problems(expected, cells)
+        if expected.report_cells:  # an exercise's report: its lines apart, readable in both
+            problems += report_problems(page, STDERR_MIME, expected.report_cells)  # themes
         if expected.has_slider:  # a missing widget front-end explains the rest: say it first
             problems = missing_slider(expected, cells) + problems
             if not problems:

@@ -167,8 +167,10 @@ def raise_if_stopped(run: Run, learner: LearnerFile, advice: Advice, explain=Non
     errors = [r.error for r in run.ranks if r.error]
     if any(e["kind"] == "not_done" for e in errors):
         raise NotImplementedError(learner.path)
-    for message in (learner_error_message(run, learner, explain),
-                    killed_message(run, learner, advice),
+    raised = learner_error_message(run, learner, explain)
+    if raised:
+        raise ExerciseError(raised, raised=True)
+    for message in (killed_message(run, learner, advice),
                     deadlock_message(run, learner, advice), time_out_message(run, learner)):
         if message:
             raise ExerciseError(message)
