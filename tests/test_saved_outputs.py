@@ -9,7 +9,12 @@ name) and fail on:
   (``IntProgress(value=0, max=1)``), which is all a reader sees outside a live kernel; or a
   progress bar whose saved state stopped before its end (value < max);
 - an error: a saved ``error`` output, traceback text in a stream (``Traceback (most recent
-  call last)``, ``File "...", line N``), or a line that starts with ``SomethingError:``.
+  call last)``, ``File "...", line N``), or a line that starts with ``SomethingError:``;
+- progress residue: a ``[progress] N/N`` line (a finished run's bar goes away).
+
+Across the course, at most ``MAX_BARE_VERDICTS`` lines print a threshold claim as a bare verdict
+(``error below 1e-9: True``): where the measured number is the lesson, the line prints the
+number the assert checks beside its threshold.
 
 Two markers say that an error is what the text calls for:
 
@@ -38,6 +43,11 @@ BARE_WIDGET_REPR = re.compile(r"^\w+\(.*\)$", re.S)  # IntProgress(value=0, max=
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*File \".*\", line \d+", re.M)
 ERROR_LINE = re.compile(r"^(\[rank \d+\] )?\w*(Error|Exception): ", re.M)
 CATCHES = re.compile(r"^\s*except\b", re.M)
+PROGRESS = re.compile(r"^(\[rank \d+\] )?\[progress\] (\d+)/\2\b", re.M)  # a finished bar
+# "error below 1e-9: True", "(rtol 1e-5): True": a threshold, then a bare verdict
+BARE_VERDICT = re.compile(r"(below|above|within|at most|at least|rtol|<=|>=|<|>)[^:\n]*:"
+                          r"\s*(True|False)\b")
+MAX_BARE_VERDICTS = 3
 
 
 def text_of(output: dict) -> str:
@@ -71,6 +81,8 @@ def output_problems(output: dict, cell: dict, unfinished: dict[str, str]) -> lis
     found = []
     if kind == "execute_result" and text.strip() in ("True", "False"):
         found.append(f"echoes {text.strip()}")
+    if PROGRESS.search(text):
+        found.append(f"progress residue ({PROGRESS.search(text).group(0).strip()})")
     if kind == "display_data" and WIDGET_VIEW in output.get("data", {}):
         model_id = output["data"][WIDGET_VIEW].get("model_id")
         if not text.strip() or BARE_WIDGET_REPR.match(text.strip()):
@@ -105,6 +117,26 @@ def test_saved_outputs_show_nothing_unintended(path):
     assert not found, f"{path.name}:\n" + "\n".join(found)
 
 
+def bare_verdicts(path: Path) -> list[str]:
+    """The saved lines of ``path`` that print a threshold claim as a bare True or False."""
+    notebook = json.loads(path.read_text())
+    return [f"{path.stem} cell {i}: {line.strip()}" for i, cell in enumerate(notebook["cells"])
+            if cell["cell_type"] == "code" for output in cell.get("outputs", [])
+            for line in text_of(output).split("\n") if BARE_VERDICT.search(line)]
+
+
+def test_threshold_claims_print_the_measured_number_not_a_bare_verdict():
+    found = [line for path in NOTEBOOKS for line in bare_verdicts(path)]
+    assert len(found) <= MAX_BARE_VERDICTS, "\n".join(found)
+
+
+def test_a_bare_verdict_is_recognised():
+    assert BARE_VERDICT.search("float64 best error below 1e-9: True")
+    assert BARE_VERDICT.search("2 processes == 1 process (rtol 1e-5): True")
+    assert not BARE_VERDICT.search("float64: best error 2e-11 (below 1e-9)")
+    assert not BARE_VERDICT.search("rank 0 holds [0.0, 1.0]  correct: True")
+
+
 def test_every_notebook_is_read():
     assert len(NOTEBOOKS) >= 12 and NOTEBOOKS[0].name.startswith("00_")
 
@@ -135,6 +167,7 @@ STREAM_TRACEBACK = {"output_type": "stream", "name": "stdout",
     ({**EMPTY_BAR, "data": {WIDGET_VIEW: {"model_id": "m1"}}}, "an empty progress widget"),
     (ERROR, "a saved error: ValueError: bad"),
     (STREAM_TRACEBACK, "traceback text in its stdout"),
+    ({**STREAM_TRACEBACK, "text": "[progress] 8/8 steps\n"}, "progress residue"),
     ({**STREAM_TRACEBACK, "text": "[rank 1] RuntimeError: peer closed\n"}, "an error line"),
 ])
 def test_each_problem_is_caught(output, problem, tmp_path):

@@ -8,7 +8,6 @@ folder (see ``course_lib.runtime.launch_child``); these helpers read them.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import signal
@@ -16,6 +15,8 @@ import subprocess
 import time
 
 import psutil
+
+from course_lib.runtime.files import read_json, read_text
 
 
 class RankLogs:
@@ -84,17 +85,10 @@ class Progress:
         self.handle = None  # the widget's place in the cell's output, to replace at the end
         self.last_print = 0.0
 
-    def _read(self):
-        try:
-            with open(self.path) as f:
-                return json.load(f)
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-
     def update(self) -> None:
         if not self.enabled:
             return
-        state = self._read()
+        state = read_json(self.path)
         if state is None or state == self.last:
             return
         self.last = state
@@ -110,13 +104,15 @@ class Progress:
                   flush=True)
 
     def close(self) -> None:
-        """The last state; in a notebook the bar is replaced by one line of text, so that a
-        saved notebook shows how far the run got rather than an empty widget."""
+        """The last state; in a notebook the bar goes away once the run got to the end (a
+        saved notebook shows results, not progress), and a run that stopped early leaves one
+        line that says how far it got, rather than an empty widget."""
         self.update()
         if self.widget is not None and self.last is not None:
             self.widget.close()
-            line = f"{self.last['done']}/{self.last['total']} {self.last.get('label', '')}"
-            self.handle.update({"text/plain": f"[progress] {line.strip()}"}, raw=True)
+            done, total = self.last["done"], self.last["total"]
+            line = f"[progress] {done}/{total} {self.last.get('label', '')}".strip()
+            self.handle.update({"text/plain": "" if done >= total else line}, raw=True)
 
 
 def _in_notebook() -> bool:
@@ -176,10 +172,8 @@ class RankWatch:
     def _exits(self) -> list[tuple[float, int, int, bool]]:
         found = []
         for path in glob.glob(os.path.join(self.run_dir, "rank*.exit")):
-            try:
-                with open(path) as f:
-                    info = json.load(f)
-            except (json.JSONDecodeError, OSError):
+            info = read_json(path)
+            if info is None:
                 continue
             if info.get("code", 0) != 0:
                 secondary = any(s in (info.get("error") or "") for s in SECONDARY_ERRORS)
@@ -209,24 +203,16 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _agent_text(agent_log_path: str) -> str:
-    try:
-        with open(agent_log_path, errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
-
-
 def _agent_exit_code(agent_log_path: str, rank: int):
     """The exit code torchrun reported for ``rank`` (negative: a signal), or None."""
     found = re.search(rf"rank\s*:\s*{rank}\b[^\n]*\n\s*exitcode\s*:\s*(-?\d+)",
-                      _agent_text(agent_log_path))
+                      read_text(agent_log_path))
     return int(found.group(1)) if found else None
 
 
 def _agent_root_cause(agent_log_path: str):
     """The rank torchrun's own report names as the root cause, or None."""
-    root = _agent_text(agent_log_path).split("Root Cause", 1)
+    root = read_text(agent_log_path).split("Root Cause", 1)
     if len(root) == 2:
         rank = re.search(r"rank\s*:\s*(\d+)", root[1])
         code = re.search(r"exitcode\s*:\s*(-?\d+)", root[1])
