@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.core.train_step import finish_sync
-from course_lib.lessons.timeline import overlap_summary
+from course_lib.lessons.timeline import CommRecorder, overlap_summary
 from course_lib.runtime.launch import report_progress, save_result
 from course_lib.runtime.worker import print0, worker
 from course_lib.tasks.models import count_parameters, make_transformer
@@ -79,7 +79,8 @@ class Runner:
         elif label == "no sync":
             self.model = module  # a lower bound: no communication at all
         else:
-            self.model = wrap_model(label, module, w.group, w.device, bucket_mb)
+            self.model = wrap_model(label, module, w.group, w.device, bucket_mb,
+                                    recorder=CommRecorder)  # times each call, for the timeline
         self.recorder = getattr(self.model, "recorder", None)
         self.opt = torch.optim.SGD(module.parameters(), lr=1e-4)
         self.device = w.device

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from course_lib.train.config import TrainConfig, check_config, parse_config
+from course_lib.train.config import ConfigError, TrainConfig, check_config, parse_config
 from course_lib.train.trainer import main, without_nproc
 
 
@@ -82,3 +82,15 @@ def test_config_helpers():
     assert parse_config(["--sync", "ring,overlap"]).syncs == ("ring", "overlap")
     check_config(parse_config([]), world_size=4)  # the defaults fit any world size
     assert without_nproc(["--nproc", "2", "--steps", "3", "--timeout=9"]) == ["--steps", "3"]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("loss_norm", "mean"), ("optimizer", "adam"), ("dtype", "float16"), ("sync", "ddp,fast"),
+    ("task", "words"),
+])
+def test_a_config_made_in_code_is_checked_like_the_command_line(field, value):
+    """A TrainConfig built without the parser: an unknown name is refused, not run as the
+    nearest other branch (train_step would take any loss_norm but "tokens" as the bug)."""
+    option = "--" + field.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{option} must .* got '{value}'"):
+        check_config(TrainConfig(**{field: value}), world_size=1)

@@ -81,7 +81,8 @@ class Config:
 
     def __init__(self, label: str, strategy: str, bucket_mb: float, w: Worker):
         self.label, self.strategy, self.bucket_mb, self.w = label, strategy, bucket_mb, w
-        self.model = wrap_model(strategy, make_deep_mlp(0, w.device), w.group, w.device, bucket_mb)
+        self.model = wrap_model(strategy, make_deep_mlp(0, w.device), w.group, w.device,
+                                bucket_mb, recorder=CommRecorder)  # ours: counted and timed
         self.module = self.model.module
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.05)
         self.times: list[float] = []

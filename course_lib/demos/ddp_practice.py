@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
+from course_lib.lessons.gradients import flat_grad
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import Worker, print0, worker
 from course_lib.tasks.batching import micro_batches_of_rank
@@ -70,15 +71,11 @@ def counting_hook(state: HookState, bucket):
     return work.get_future().then(lambda done: done.value()[0])
 
 
-def flat_grad(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).detach().cpu()
-
-
 def big_batch_grad(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """One process, the whole global batch: the gradient every placement must reproduce."""
     model = small_model(0)
     F.mse_loss(model(x), y).backward()
-    return flat_grad(model)
+    return flat_grad(model).detach().cpu()
 
 
 def accumulate_with_ddp(w: Worker, placement: str) -> dict:
@@ -110,7 +107,7 @@ def accumulate_with_ddp(w: Worker, placement: str) -> dict:
             with ddp.no_sync():
                 loss.backward()
         calls.append(counter.calls - sum(calls))  # bucket all-reduces in this micro-step
-    ours, reference = flat_grad(model), big_batch_grad(x, y)
+    ours, reference = flat_grad(model).detach().cpu(), big_batch_grad(x, y)
     return {"placement": placement, "all_reduces_per_micro_step": calls,
             "grad_matches_big_batch": bool(torch.allclose(ours, reference, rtol=1e-5,
                                                           atol=1e-6)),

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 
+from course_lib.core.accumulation import NORMALISATIONS
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import seed_everything, worker
 from course_lib.tasks.batching import micro_batch_slice
-from course_lib.train.config import LOSS_NORMS, TrainConfig, check_config
+from course_lib.train.config import TrainConfig, check_config
 from course_lib.train.syncs import SYNCS
 from course_lib.train.trainer import train
 
@@ -31,9 +32,9 @@ def parse_split(text: str, steps: int, seed: int) -> TrainConfig:
         raise argparse.ArgumentTypeError(
             f"--split {text!r}: write K:B:SYNC or K:B:SYNC:LOSS_NORM, e.g. 4:4:ring")
     sync, loss_norm = parts[2], parts[3] if len(parts) == 4 else "tokens"
-    if sync not in SYNCS or loss_norm not in LOSS_NORMS:
+    if sync not in SYNCS or loss_norm not in NORMALISATIONS:
         raise argparse.ArgumentTypeError(f"--split {text!r}: SYNC must be one of {SYNCS} and "
-                                         f"LOSS_NORM one of {LOSS_NORMS}")
+                                         f"LOSS_NORM one of {NORMALISATIONS}")
     return TrainConfig(steps=steps, accum_steps=int(parts[0]), micro_batch=int(parts[1]),
                        sync=sync, loss_norm=loss_norm, seed=seed, log_every=max(1, steps // 2))
 

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from course_lib.runtime.files import read_text
+
 FAILURES = ("none", "mismatch", "eval-on-rank0", "dead-rank", "stuck-rank")
 CULPRIT = 1  # the rank that misbehaves (rank 0 for eval-on-rank0)
 BAD_STEP = 1  # the step in which it does
@@ -146,7 +148,7 @@ def lab_rank(case: Case, rank: int, world_size: int, store: str, log_path: str,
                                 timeout=datetime.timedelta(seconds=pg_timeout_s))
         monitor = dist.group.WORLD if case.setting == "monitored" else None
         training_loop(case.failure, rank, torch.device("cpu"), dist.group.WORLD, monitor)
-    except Exception as e:  # noqa: BLE001 - the lab records how each rank ended
+    except Exception as e:  # the lab records how each rank ended
         print(f"{type(e).__name__}: {e}", flush=True)
         code = 1
     sys.stdout.flush()
@@ -189,14 +191,6 @@ def follow(runs: list[dict], grace_s: float, deadline_s: float) -> None:
                 run["end"] = now
 
 
-def read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
-
-
 def run_lab(cases: list[Case] = CASES, world_size: int = 2,
             pg_timeout_s: float = LAB_PG_TIMEOUT_S, grace_s: float = LAB_GRACE_S,
             deadline_s: float = LAB_DEADLINE_S) -> list[dict]:
@@ -204,7 +198,7 @@ def run_lab(cases: list[Case] = CASES, world_size: int = 2,
     with tempfile.TemporaryDirectory(prefix="hang-lab-") as folder:
         runs = [start_case(case, folder, world_size, pg_timeout_s) for case in cases]
         follow(runs, grace_s, deadline_s)
-        return [summarise_case(run["case"], [read(p) for p in run["logs"]],
+        return [summarise_case(run["case"], [read_text(p) for p in run["logs"]],
                                [p.exitcode for p in run["procs"]], run["stopped"],
                                run["end"] - run["start"], deadline_s)
                 for run in runs]

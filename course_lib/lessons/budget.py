@@ -26,9 +26,8 @@ import math
 from dataclasses import dataclass
 
 from course_lib.lessons import capstone
+from course_lib.lessons.capstone import KIB
 from course_lib.lessons.cost_model import AlphaBeta
-
-KIB = 1024
 
 
 @dataclass(frozen=True)

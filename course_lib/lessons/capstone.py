@@ -18,8 +18,8 @@ import torch
 
 from course_lib.core.accumulation import sum_token_loss
 from course_lib.lessons.memory import memory_breakdown
-from course_lib.tasks.models import TransformerConfig, make_transformer
-from course_lib.tasks.sequences import VOCAB, global_batch, input_length
+from course_lib.tasks.models import make_transformer
+from course_lib.tasks.sequences import global_batch
 from course_lib.train.config import TrainConfig
 
 KIB = 1024  # bytes in a KiB
@@ -30,9 +30,7 @@ LR = 3e-3  # the trainer's peak learning rate (AdamW's state does not depend on 
 def trainer_model(config: TrainConfig | None = None) -> torch.nn.Module:
     """The model ``course_lib.train`` builds, on the CPU in float32."""
     c = config or TrainConfig()
-    shape = TransformerConfig(len(VOCAB), input_length(c.max_digits), c.d_model, c.n_heads,
-                              c.n_layers, c.dropout)
-    return make_transformer(shape, seed=c.seed)
+    return make_transformer(c.model_shape, seed=c.seed)
 
 
 @functools.lru_cache(maxsize=64)

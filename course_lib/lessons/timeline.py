@@ -1,5 +1,6 @@
 """When compute and communication ran during one training step, and how much of it overlapped
-(notebook 08). Not part of the teaching code: an optional recorder around it.
+(notebook 08). Not part of the teaching code: an optional recorder around it (the counting
+alone, without clocks or a thread, is ``course_lib.runtime.counting.CountedAllReduce``).
 
     recorder = CommRecorder(dist.all_reduce)          # counts and times every all-reduce
     model = OverlapDataParallel(module, group, all_reduce=recorder)
@@ -25,6 +26,8 @@ import queue
 import threading
 import time
 from typing import Sequence
+
+from course_lib.runtime.counting import CountedAllReduce
 
 
 class Timeline:
@@ -88,29 +91,25 @@ class CompletionWatcher:
             work, event = item
             try:
                 work.wait()
-            except Exception:  # noqa: BLE001 - the training loop's own wait() raises it
+            except Exception:  # the training loop's own wait() raises it
                 pass
             event["end_s"] = self.timeline.now()
             self.todo.task_done()
         self.todo.task_done()
 
 
-class CommRecorder:
-    """An all-reduce function that also records each call: use it wherever the wrappers take
-    ``all_reduce=``. Synchronous calls end when they return; asynchronous ones
-    (``async_op=True``) when a watcher thread sees their work complete."""
+class CommRecorder(CountedAllReduce):
+    """An all-reduce function that counts (``calls``, ``bytes``) and times each call: use it
+    wherever the wrappers take ``all_reduce=``. Synchronous calls end when they return;
+    asynchronous ones (``async_op=True``) when a watcher thread sees their work complete."""
 
     def __init__(self, all_reduce) -> None:
-        self.inner = all_reduce
+        super().__init__(all_reduce)
         self.clock = Timeline()
         self.watcher = CompletionWatcher(self.clock)
-        self.calls = 0  # all-reduces since construction
-        self.bytes = 0  # bytes handed to them since construction
 
     def __call__(self, tensor, group=None, async_op: bool = False):
-        nbytes = tensor.numel() * tensor.element_size()
-        self.calls += 1
-        self.bytes += nbytes
+        nbytes = self.count(tensor)
         event = self.clock.add(f"all-reduce {len(self.clock.events)}", "comm", self.clock.now(),
                                nbytes=nbytes)
         if async_op:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from course_lib.runtime.launch_child import write_json_atomic
+from course_lib.runtime.files import read_json, read_text, write_json_atomic
 from course_lib.runtime.launch_output import Progress, RankLogs, RankWatch, stop_process_tree
 
 RESULT_ENV = "COURSE_RESULT_PATH"
@@ -226,19 +226,11 @@ def _run_once(run_dir, target, nproc, args, timeout_s, env, port, quiet, progres
     code = agent.returncode if agent.returncode is not None else 1
     rank = watch.failure(agent_log_path)
     if code != 0 or rank is not None:
-        agent_text = open(agent_log_path, errors="replace").read()
+        agent_text = read_text(agent_log_path)
         if logs.empty() and any(s in agent_text for s in ADDRESS_IN_USE):
             raise _AddressInUse()
         raise LaunchError(_failure_message(target, rank, logs, agent_text))
-    return LaunchResult(0, logs.text(), _read_result(run_dir), elapsed)
-
-
-def _read_result(run_dir: str) -> Any:
-    path = os.path.join(run_dir, "result.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return LaunchResult(0, logs.text(), read_json(os.path.join(run_dir, "result.json")), elapsed)
 
 
 def _timeout_message(target: str, timeout_s: float, logs: RankLogs) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import json
 import multiprocessing
 import os
 import runpy
@@ -26,6 +25,8 @@ import sys
 import threading
 import time
 import traceback
+
+from course_lib.runtime.files import write_json_atomic
 
 PR_SET_PDEATHSIG = 1  # Linux prctl option: signal this process when its parent dies
 PRELOAD_ENV = "COURSE_PRELOAD"
@@ -95,14 +96,6 @@ def redirect_output(log_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
-def write_json_atomic(path: str, obj) -> None:
-    """Write JSON so that a reader never sees half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
 def run_target(target: str, args: list[str]) -> None:
     """Run a module name or a ``.py`` path as ``__main__`` with ``args`` as its argv."""
     sys.argv = [target, *args]
@@ -162,7 +155,7 @@ def run_worker(run_dir: str, target: str, args: list[str]) -> None:
         if e.code not in (None, 0) and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
             error = str(e.code)
-    except BaseException as e:  # noqa: BLE001 - every way a rank can end is recorded
+    except BaseException as e:  # every way a rank can end is recorded
         print_user_traceback(e)
         code, error = 1, f"{type(e).__name__}: {e}"
     sys.stdout.flush()

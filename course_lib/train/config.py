@@ -15,14 +15,16 @@ from typing import Sequence
 
 import torch
 
+from course_lib.core.accumulation import NORMALISATIONS
 from course_lib.runtime.worker import check_backend_fits, choose_backend
 from course_lib.tasks.batching import micro_batch_size
+from course_lib.tasks.models import TransformerConfig
+from course_lib.tasks.sequences import VOCAB, input_length
 from course_lib.train.syncs import SYNCS
 
 TASKS = ("sequences",)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 OPTIMIZERS = ("adamw", "sgd")
-LOSS_NORMS = ("tokens", "mean_of_means")
 DEFAULT_MICRO_BATCH = 16
 
 
@@ -80,6 +82,12 @@ class TrainConfig:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def model_shape(self) -> TransformerConfig:
+        """The transformer these options describe (its inputs fit the longest sum)."""
+        return TransformerConfig(len(VOCAB), input_length(self.max_digits), self.d_model,
+                                 self.n_heads, self.n_layers, self.dropout)
+
 
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line on stderr (exit code 2)."""
@@ -113,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sync", type=sync_list, default=d.sync, metavar="{" + ",".join(SYNCS) + "}",
         help="gradient sync; a comma list (ddp,ring) trains once with each, same start")
     add("--bucket-mb", type=float, default=d.bucket_mb)
-    add("--loss-norm", choices=LOSS_NORMS, default=d.loss_norm)
+    add("--loss-norm", choices=NORMALISATIONS, default=d.loss_norm)
     add("--dtype", choices=tuple(DTYPES), default=d.dtype)
     add("--metrics", default=None, metavar="PATH", help="JSON lines, one per step")
     add("--checkpoint-dir", default=None, metavar="DIR")
@@ -147,6 +155,14 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
 def _rules(c: TrainConfig) -> list[tuple[bool, str]]:
     """(condition that must hold, what to say when it does not)."""
     return [
+        (c.task in TASKS, f"--task must be one of {', '.join(TASKS)}, got {c.task!r}"),
+        (c.optimizer in OPTIMIZERS,
+         f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {c.optimizer!r}"),
+        (c.loss_norm in NORMALISATIONS, f"--loss-norm must be one of "
+         f"{', '.join(NORMALISATIONS)}, got {c.loss_norm!r}"),
+        (c.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}"),
+        (all(name in SYNCS for name in c.syncs),
+         f"--sync must name one or more of {', '.join(SYNCS)}, got {c.sync!r}"),
         (c.accum_steps >= 1, f"--accum-steps must be >= 1, got {c.accum_steps}; it counts "
          "the micro-steps of one optimizer step"),
         (c.micro_batch is None or c.micro_batch >= 1,

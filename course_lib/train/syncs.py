@@ -20,7 +20,7 @@ from course_lib.core.buckets import BucketedDataParallel
 from course_lib.core.collectives import naive_all_reduce, ring_all_reduce
 from course_lib.core.data_parallel import AllReducePerParameter
 from course_lib.core.overlap import OverlapDataParallel
-from course_lib.lessons.timeline import CommRecorder
+from course_lib.runtime.counting import CountedAllReduce
 
 PER_PARAMETER = {"naive": naive_all_reduce, "ring": ring_all_reduce,
                  "allreduce": dist.all_reduce}
@@ -28,24 +28,25 @@ SYNCS = ("ddp", *PER_PARAMETER, "bucketed", "overlap")
 
 
 def wrap_model(name: str, module: nn.Module, group, device, bucket_mb: float | None = 25.0,
-               find_unused_parameters: bool = False):
-    """``module`` wrapped for the sync ``name``; ours also get a recorder (``.recorder``)
-    that counts their all-reduces and the bytes handed to them."""
+               find_unused_parameters: bool = False, recorder=CountedAllReduce):
+    """``module`` wrapped for the sync ``name``. Ours also get ``.recorder``: their all-reduce
+    wrapped by ``recorder``, which counts the calls and the bytes handed to them
+    (``course_lib.lessons.timeline.CommRecorder`` times them too, for notebook 08's picture)."""
     if name == "ddp":
         return DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None,
             process_group=group, bucket_cap_mb=bucket_mb,
             find_unused_parameters=find_unused_parameters)
     if name in PER_PARAMETER:
-        recorder = CommRecorder(PER_PARAMETER[name])
-        model = AllReducePerParameter(module, group, recorder, find_unused_parameters)
+        counted = recorder(PER_PARAMETER[name])
+        model = AllReducePerParameter(module, group, counted, find_unused_parameters)
     elif name == "bucketed":
-        recorder = CommRecorder(dist.all_reduce)
-        model = BucketedDataParallel(module, group, bucket_mb, recorder, find_unused_parameters)
+        counted = recorder(dist.all_reduce)
+        model = BucketedDataParallel(module, group, bucket_mb, counted, find_unused_parameters)
     elif name == "overlap":
-        recorder = CommRecorder(dist.all_reduce)
-        model = OverlapDataParallel(module, group, bucket_mb, recorder, find_unused_parameters)
+        counted = recorder(dist.all_reduce)
+        model = OverlapDataParallel(module, group, bucket_mb, counted, find_unused_parameters)
     else:
         raise ValueError(f"unknown sync {name!r}; pick one of {', '.join(SYNCS)}")
-    model.recorder = recorder
+    model.recorder = counted
     return model

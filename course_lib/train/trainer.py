@@ -40,12 +40,11 @@ from course_lib.runtime.launch import LaunchError, launch, report_progress, save
 from course_lib.runtime.worker import Worker, print0, seed_everything, worker
 from course_lib.tasks.batching import micro_batches_of_rank
 from course_lib.tasks.models import (
-    TransformerConfig,
     make_transformer,
     parameter_checksum,
     parameter_vector,
 )
-from course_lib.tasks.sequences import VOCAB, global_batch, input_length
+from course_lib.tasks.sequences import global_batch
 from course_lib.train.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -58,9 +57,7 @@ from course_lib.train.syncs import wrap_model
 
 def build(config: TrainConfig, w: Worker):
     """The model (the same weights on every rank: drawn from the seed) and its optimizer."""
-    shape = TransformerConfig(len(VOCAB), input_length(config.max_digits), config.d_model,
-                              config.n_heads, config.n_layers, config.dropout)
-    model = make_transformer(shape, seed=config.seed, dtype=config.torch_dtype,
+    model = make_transformer(config.model_shape, seed=config.seed, dtype=config.torch_dtype,
                              device=w.device)
     if config.optimizer == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
@@ -168,11 +165,10 @@ def train(config: TrainConfig, w: Worker, name: str) -> dict:
 
 
 def sync_report(model, config: TrainConfig, steps: int) -> dict:
-    """What our wrappers' recorder counted (torch DDP does not say)."""
+    """What our wrappers' all-reduce counter counted (torch DDP does not say)."""
     recorder = getattr(model, "recorder", None)
     if recorder is None:
         return {}
-    recorder.close()
     return {"sync_totals": {"backward_calls": steps * config.accum_steps,
                             "synced_steps": steps, "collectives": recorder.calls,
                             "bytes_reduced": recorder.bytes}}
