@@ -8,25 +8,30 @@ byte counts are computed here from the chunk sizes of ``torch.tensor_split``, in
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
+import pkgutil
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
+import course_lib.core
+from course_lib.core import collectives, messages
 from course_lib.core.collectives import ByteCounter, chunk_bounds, ring_all_reduce
-from course_lib.core.fast_ring import REUSED_BYTES_MAX, receive_buffer
+from course_lib.core.fast_ring import REUSED_BYTES_MAX, fast_ring_all_reduce, receive_buffer
 from course_lib.runtime.launch import launch
 
 WORKER = str(Path(__file__).parent / "workers" / "collectives_check.py")
 WORLD_SIZES = [1, 2, 3, 4]
 RING_LIKE = ("ring", "ring_halves", "fast_ring", "fast_ring_small_slices",
              "fast_ring_tiny_slices", "fast_ring_no_pipeline", "fast_ring_two_streams",
-             "fast_ring_fresh_buffers", "fast_ring_unchecked")
+             "fast_ring_fresh_buffers")
 DOUBLING = ("recursive_doubling",)
 ALL_ALGORITHMS = (*RING_LIKE, *DOUBLING, "naive")
-CHECKED = tuple(name for name in ALL_ALGORITHMS if name != "fast_ring_unchecked")
 
 
 @pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda n: f"world{n}")
@@ -104,6 +109,75 @@ def test_receive_buffers_are_reused_per_thread_and_dtype():
 def test_without_process_group_the_error_says_how_to_start():
     with pytest.raises(RuntimeError, match="course_lib.runtime.worker"):
         ring_all_reduce(torch.ones(3))
+
+
+CHECKABLE = [collectives.naive_all_reduce, collectives.ring_reduce_scatter,
+             collectives.ring_all_gather, collectives.ring_all_reduce,
+             collectives.recursive_doubling_all_reduce, fast_ring_all_reduce]
+
+
+@pytest.mark.parametrize("algorithm", CHECKABLE, ids=lambda f: f.__name__)
+def test_the_shape_check_is_one_all_gather_and_only_when_asked(one_process_group, monkeypatch,
+                                                               algorithm):
+    gathers, real = [], dist.all_gather
+
+    def all_gather(*args, **kwargs):
+        gathers.append(args[1].shape)  # what each rank shares
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    algorithm(torch.ones(5), group=one_process_group)
+    assert gathers == []  # no collective besides the algorithm's own messages
+    algorithm(torch.ones(5), group=one_process_group, check=True)
+    assert gathers == [(1,)]  # one number per rank
+    doc = inspect.getdoc(collectives)
+    assert "check=True" in doc and "one more collective (a small all_gather) per call" in doc
+
+
+NOTEBOOK_06 = [messages.send_recv, collectives.naive_all_reduce, collectives.send_chunk,
+               collectives.ring_reduce_scatter, collectives.ring_all_gather,
+               collectives.ring_all_reduce, collectives.recursive_doubling_all_reduce]
+GROUP = "dist.ProcessGroup | None"  # as source text, under `from __future__ import annotations`
+GROUP_TYPES = (GROUP, dist.ProcessGroup | None)  # or evaluated, without it
+
+
+def signature(function) -> inspect.Signature:
+    return inspect.signature(inspect.unwrap(function))  # the annotations, as source text
+
+
+@pytest.mark.parametrize("function", NOTEBOOK_06, ids=lambda f: f.__name__)
+def test_the_functions_notebook_06_shows_are_typed(function):
+    sig = signature(function)
+    assert sig.return_annotation is not inspect.Signature.empty, function.__name__
+    for name, parameter in sig.parameters.items():
+        assert parameter.annotation is not inspect.Parameter.empty, (function.__name__, name)
+        if name in ("tensor", "send", "recv"):
+            assert parameter.annotation == "torch.Tensor", (function.__name__, name)
+        if name == "group":
+            assert parameter.annotation == GROUP, function.__name__
+
+
+def core_functions():
+    """Every function and method defined in course_lib/core, with where it is."""
+    for info in pkgutil.iter_modules(course_lib.core.__path__):
+        module = importlib.import_module(f"course_lib.core.{info.name}")
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and obj.__module__ == module.__name__:
+                yield from ((f"{name}.{m}", f) for m, f in vars(obj).items()
+                            if inspect.isfunction(f))
+            elif callable(obj) and getattr(obj, "__module__", None) == module.__name__:
+                yield name, obj
+
+
+def test_every_group_in_core_is_typed():
+    typed = 0
+    for name, function in core_functions():
+        for keyword in ("group", "process_group"):
+            parameter = signature(function).parameters.get(keyword)
+            if parameter is not None:
+                assert parameter.annotation in GROUP_TYPES, name
+                typed += 1
+    assert typed >= 20
 
 
 # --- one launch per world size ----------------------------------------------------------------
@@ -210,7 +284,7 @@ def test_mismatched_shape_or_dtype_raises_on_every_rank(report):
     for what, mine, theirs in (("shape", "(2, 3)", "(3, 2)"),
                                ("dtype", "torch.float32", "torch.float64")):
         found = entries(report, "mismatch", what=what)
-        assert len(found) == n * len(CHECKED)
+        assert len(found) == n * len(ALL_ALGORITHMS)
         for rank, e in found:
             where = f"{e['algorithm']} ({what}) at rank {rank}"
             assert e["message"], f"{where}: no ValueError raised"

@@ -85,7 +85,7 @@ def test_a_real_overlap_timeline_draws(one_process_group):
 
     recorder = CommRecorder(torch.distributed.all_reduce)
     module = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])  # small
-    model = OverlapDataParallel(module, one_process_group, bucket_mb=0.02, all_reduce=recorder)
+    model = OverlapDataParallel(module, one_process_group, bucket_cap_mb=0.02, all_reduce=recorder)
     loss = model(torch.randn(8, 64)).square().mean()
     recorder.start_step()
     with recorder.compute("backward"):

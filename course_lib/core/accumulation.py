@@ -50,7 +50,8 @@ def count_target_tokens(targets: torch.Tensor) -> torch.Tensor:
     return (targets != IGNORE).sum()
 
 
-def all_reduce_token_count(local_count: torch.Tensor, group=None) -> torch.Tensor:
+def all_reduce_token_count(local_count: torch.Tensor,
+                           group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Global scored-token count: the sum of every rank's count (a copy; the input is kept).
 
     Outside a process group (one process) the count is already global.

@@ -5,12 +5,13 @@ collective pays a fixed start-up cost (latency) besides the time per byte. So, a
 does, the gradients are copied into a few flat tensors ("buckets") and each bucket is
 all-reduced once:
 
-    model = BucketedDataParallel(module, group, bucket_mb=25)   # used like the step-1 wrapper
+    model = BucketedDataParallel(module, process_group=group, bucket_cap_mb=25)  # as step 1
     ...; loss.backward(); model.finish_gradient_sync(); optimizer.step()
 
 Buckets hold consecutive parameters in REVERSE order of registration (backward makes the last
-layer's gradients first) of one dtype and device, closed before they would pass ``bucket_mb``
-(a parameter larger than that sits alone). ``bucket_mb=None``: one bucket for everything.
+layer's gradients first) of one dtype and device, closed before they would pass
+``bucket_cap_mb`` (a parameter larger than that sits alone). ``bucket_cap_mb=None``: one bucket
+for everything (DDP reads None as its default, 25).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.core.data_parallel import AllReducePerParameter
+from course_lib.core.data_parallel import AllReducePerParameter, grads_to_sync
 
 MB = 1024 * 1024  # bytes in a megabyte, as torch DDP counts bucket_cap_mb
 
@@ -33,7 +34,7 @@ def plan_buckets(nbytes: Sequence[int], keys: Sequence[Hashable],
     another key (dtype, device) or would take the open bucket past ``cap_bytes``."""
     if not cap_bytes > 0:
         raise ValueError(f"the bucket size must be positive, got {cap_bytes} bytes; pass "
-                         "bucket_mb > 0 (torch DDP uses 25) or None for one bucket")
+                         "bucket_cap_mb > 0 (torch DDP uses 25) or None for one bucket")
     buckets, filled = [], 0
     for i, (size, key) in enumerate(zip(nbytes, keys, strict=True)):
         if not buckets or key != keys[buckets[-1][-1]] or filled + size > cap_bytes:
@@ -50,16 +51,20 @@ class Bucket:
 
     params: list[nn.Parameter]  # in the order they lie in the buffer
     buffer: torch.Tensor  # (total numel,) their gradients, one after another
-    slots: list[torch.Tensor] = field(default_factory=list)  # views of buffer, one per param
+    slots: list[torch.Tensor]  # views of buffer, one per parameter, in its shape
     waiting: int = 0  # gradients not copied in yet in this step (overlap.py counts them)
+    position: dict[int, int] = field(init=False)  # id(parameter) -> its index in params
+
+    def __post_init__(self) -> None:
+        self.position = {id(p): i for i, p in enumerate(self.params)}  # once, not per hook
 
     def slot(self, param: nn.Parameter) -> torch.Tensor:
-        return self.slots[[id(p) for p in self.params].index(id(param))]
+        return self.slots[self.position[id(param)]]
 
 
-def make_buckets(params: list[nn.Parameter], bucket_mb: float | None) -> list[Bucket]:
+def make_buckets(params: list[nn.Parameter], bucket_cap_mb: float | None) -> list[Bucket]:
     """Buckets for ``params`` in the given order (pass them last layer first)."""
-    cap = float("inf") if bucket_mb is None else bucket_mb * MB
+    cap = float("inf") if bucket_cap_mb is None else bucket_cap_mb * MB
     sizes = [p.numel() * p.element_size() for p in params]
     keys = [(p.dtype, p.device) for p in params]
     buckets = []
@@ -74,23 +79,30 @@ def make_buckets(params: list[nn.Parameter], bucket_mb: float | None) -> list[Bu
 
 
 class BucketedDataParallel(AllReducePerParameter):
-    """Average gradients over the ranks: after backward, one all-reduce per bucket."""
+    """Average gradients over the ranks: after backward, one all-reduce per bucket.
 
-    def __init__(self, module: nn.Module, group=None, bucket_mb: float | None = 25.0,
-                 all_reduce=dist.all_reduce, find_unused_parameters: bool = False):
-        super().__init__(module, group, all_reduce, find_unused_parameters)
-        self.buckets = make_buckets(self.params[::-1], bucket_mb)  # NEW: last layer first
+    ``all_reduce``: ``dist.all_reduce``, the default of all three wrappers, as in DDP: the
+    fastest here, and step 3 needs its ``async_op=True``. ``all_reduce=ring_all_reduce`` sends
+    each bucket round notebook 06's ring."""
+
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None,
+                 bucket_cap_mb: float | None = 25.0, all_reduce=dist.all_reduce,
+                 find_unused_parameters: bool = False):
+        super().__init__(module, process_group, all_reduce, find_unused_parameters)
+        self.buckets = make_buckets(self.params[::-1], bucket_cap_mb)  # NEW: last layer first
 
     def finish_gradient_sync(self) -> None:
         """After ``loss.backward()``: every ``.grad`` becomes the mean over the ranks."""
-        grads = dict(self.grads_to_sync())  # parameter -> gradient (zeros if unused here)
+        self.take_pending_sync()
+        grads = dict(grads_to_sync(self.params, self.process_group,
+                                   self.find_unused_parameters))  # parameter -> its gradient
         for bucket in self.buckets:
             for param, slot in zip(bucket.params, bucket.slots, strict=True):
                 if param in grads:
                     slot.copy_(grads[param])  # NEW: many gradients into one flat tensor
                 else:
                     slot.zero_()  # no rank used it: it stays out of the result
-            self.all_reduce(bucket.buffer, group=self.group)  # NEW: one message per bucket
+            self.all_reduce(bucket.buffer, group=self.process_group)  # NEW: one per bucket
             bucket.buffer.div_(self.world_size)  # the sum / N: the mean
             copy_out(bucket, skip=[p for p in bucket.params if p not in grads])
 

@@ -11,11 +11,20 @@ every rank, then returns it. They move data only with ``send``/``recv``/``isend`
 Any world size, shape (0-d, empty, fewer elements than ranks), non-contiguous tensors, float and
 integer dtypes, Gloo or NCCL. Pass ``counter=ByteCounter()`` to count what this rank sends. The
 pipelined version, with the same results, is ``course_lib/core/fast_ring.py``.
+
+Every rank must pass a tensor of the same shape and dtype, as with ``dist.all_reduce``; if not,
+a peer waits for bytes that never come. ``check=True`` makes sure first and raises a clear
+``ValueError`` on every rank. It costs one more collective (a small all_gather) per call, which
+in a sync of one all-reduce per parameter doubles the collectives; so it is off by default, as
+torch's own check is (``TORCH_DISTRIBUTED_DEBUG=DETAIL``), and the data-parallel wrappers check
+every parameter once, when built. (Remembering the shapes already checked would not do: a rank
+that had seen its shape before would skip the check while a rank with a new one waited in it.)
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from course_lib.core.messages import (
     ByteCounter,
@@ -53,10 +62,13 @@ def send_chunk(rank: int, step: int, world_size: int, phase: str) -> int:
 
 
 @torch.no_grad()
-def naive_all_reduce(tensor, group=None, counter: ByteCounter | None = None):
+def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                     counter: ByteCounter | None = None, check: bool = False) -> torch.Tensor:
     """Everyone sends to rank 0; rank 0 adds in rank order and sends the sum back."""
     rank, world_size = rank_and_size(group)
-    flat = flat_work(tensor, group)  # (numel,)
+    if check:
+        check_same_shape(tensor, group)  # one small all_gather more: only when asked
+    flat = flat_work(tensor)  # (numel,)
     if world_size == 1 or flat.numel() == 0:
         return done(tensor, flat)
     if rank == 0:
@@ -73,12 +85,14 @@ def naive_all_reduce(tensor, group=None, counter: ByteCounter | None = None):
 
 
 @torch.no_grad()
-def ring_reduce_scatter(tensor, group=None, counter: ByteCounter | None = None,
-                        check: bool = True):
+def ring_reduce_scatter(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                        counter: ByteCounter | None = None, check: bool = False) -> torch.Tensor:
     """Afterwards rank r's chunk r (``chunk_bounds``) holds the sum over all ranks."""
     rank, world_size = rank_and_size(group)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    flat = flat_work(tensor, group, check)  # (numel,)
+    if check:
+        check_same_shape(tensor, group)  # one small all_gather more: only when asked
+    flat = flat_work(tensor)  # (numel,)
     chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), world_size)]  # N x (~numel/N,)
     incoming = torch.empty_like(chunks[0])  # chunk 0 is the largest
     for step in range(world_size - 1):
@@ -91,12 +105,14 @@ def ring_reduce_scatter(tensor, group=None, counter: ByteCounter | None = None,
 
 
 @torch.no_grad()
-def ring_all_gather(tensor, group=None, counter: ByteCounter | None = None,
-                    check: bool = True):
+def ring_all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                    counter: ByteCounter | None = None, check: bool = False) -> torch.Tensor:
     """Rank r's chunk r is final; afterwards every rank holds every rank's final chunk."""
     rank, world_size = rank_and_size(group)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    flat = flat_work(tensor, group, check)  # (numel,)
+    if check:
+        check_same_shape(tensor, group)  # one small all_gather more: only when asked
+    flat = flat_work(tensor)  # (numel,)
     chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), world_size)]
     for step in range(world_size - 1):
         mine = send_chunk(rank, step, world_size, ALL_GATHER)
@@ -105,18 +121,24 @@ def ring_all_gather(tensor, group=None, counter: ByteCounter | None = None,
     return done(tensor, flat)
 
 
-def ring_all_reduce(tensor, group=None, counter: ByteCounter | None = None):
-    """Reduce-scatter, then all-gather, round the ring. In place; returns ``tensor``."""
-    check_same_shape(tensor, group)  # once for both halves
-    ring_reduce_scatter(tensor, group, counter, check=False)
-    return ring_all_gather(tensor, group, counter, check=False)
+def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                    counter: ByteCounter | None = None, check: bool = False) -> torch.Tensor:
+    """Reduce-scatter, then all-gather, round the ring. In place; returns ``tensor``.
+    ``check=True``: first make sure every rank passed the same shape and dtype, at the cost of
+    one more collective (a small all_gather) in this call."""
+    ring_reduce_scatter(tensor, group, counter, check)  # checked (when asked) once, here
+    return ring_all_gather(tensor, group, counter)
 
 
 @torch.no_grad()
-def recursive_doubling_all_reduce(tensor, group=None, counter: ByteCounter | None = None):
+def recursive_doubling_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                                  counter: ByteCounter | None = None,
+                                  check: bool = False) -> torch.Tensor:
     """Swap and add with rank XOR 1, 2, 4, ...; extra ranks (N not a power of 2) fold in first."""
     rank, world_size = rank_and_size(group)
-    flat = flat_work(tensor, group)  # (numel,)
+    if check:
+        check_same_shape(tensor, group)  # one small all_gather more: only when asked
+    flat = flat_work(tensor)  # (numel,)
     if world_size == 1 or flat.numel() == 0:
         return done(tensor, flat)
     power = 1 << (world_size.bit_length() - 1)  # the largest power of two <= N

@@ -1,5 +1,5 @@
-"""Making the ring fast: the textbook ring of ``collectives.py`` plus four changes, each one
-measured on its own in the last section of notebook 06.
+"""Making the ring fast: the textbook ring of ``collectives.py`` plus three changes (four
+options), each one measured on its own in the last section of notebook 06.
 
     from course_lib.core.fast_ring import fast_ring_all_reduce
     fast_ring_all_reduce(tensor, group)            # the same sum as ring_all_reduce, sooner
@@ -14,8 +14,9 @@ The result and the bytes sent are the textbook ring's; only the order of the wor
    (a pipeline, as NCCL's rings run chunked pipelines). ``depth=0``: one message at a time.
 4. ``one_stream``: the all-gather's first messages start while the reduce-scatter's last
    additions run, instead of after them.
-5. ``check=False`` skips the shape check (one small all_gather per call): only when every rank
-   surely passes alike tensors.
+
+``check=True`` is the textbook ring's shape check, off by default there too: one small
+all_gather more per call, to raise a clear error when the ranks pass different tensors.
 
 Each message has a fixed cost (a Python call, a Gloo handshake, a thread waking up), so slices
 must stay large on a CPU; on GPUs NCCL pipelines slices of a few hundred kB.
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.core.collectives import ALL_GATHER, REDUCE_SCATTER, chunk_bounds, send_chunk
-from course_lib.core.messages import ByteCounter, check_same_shape, done, rank_and_size
+from course_lib.core.messages import ByteCounter, check_same_shape, done, flat_work, rank_and_size
 
 SLICE_BYTES = 4 << 20  # 4 MB: above that, a message's fixed cost no longer matters here
 PIPELINE_DEPTH = 2  # slices on the wire while one is added
@@ -58,7 +59,8 @@ def receive_buffer(numel: int, like: torch.Tensor, reuse: bool = True) -> torch.
     return kept[like.dtype][:numel]
 
 
-def ring_messages(flat, rank: int, world_size: int, slice_bytes: int, phase: str):
+def ring_messages(flat: torch.Tensor, rank: int, world_size: int, slice_bytes: int,
+                  phase: str) -> tuple[list[Message], int]:
     """The messages of one half of the ring, in order: the textbook steps, each chunk cut into
     the same number of slices (so that both ends agree on every slice's size)."""
     chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), world_size)]  # N x (~numel/N,)
@@ -74,7 +76,8 @@ def ring_messages(flat, rank: int, world_size: int, slice_bytes: int, phase: str
     return messages, per_chunk
 
 
-def start(message: Message, landing: torch.Tensor, right: int, left: int, group, counter):
+def start(message: Message, landing: torch.Tensor, right: int, left: int,
+          group: dist.ProcessGroup | None, counter: ByteCounter | None) -> list[dist.Work]:
     """Post the receive and the send of one message; return their handles."""
     ops = []
     if landing.numel() > 0:
@@ -86,7 +89,8 @@ def start(message: Message, landing: torch.Tensor, right: int, left: int, group,
     return dist.batch_isend_irecv(ops) if ops else []
 
 
-def run_pipelined(messages, per_chunk: int, flat, rank: int, world_size: int, group, counter,
+def run_pipelined(messages: list[Message], per_chunk: int, flat: torch.Tensor, rank: int,
+                  world_size: int, group: dist.ProcessGroup | None, counter: ByteCounter | None,
                   depth: int, reuse_buffers: bool) -> None:
     """Send every message in order, keeping ``depth`` more on the wire while one is added.
 
@@ -111,15 +115,15 @@ def run_pipelined(messages, per_chunk: int, flat, rank: int, world_size: int, gr
 
 
 @torch.no_grad()
-def fast_ring_all_reduce(tensor, group=None, counter: ByteCounter | None = None, *,
-                         reuse_buffers: bool = True, slice_bytes: int = SLICE_BYTES,
-                         depth: int = PIPELINE_DEPTH, one_stream: bool = True,
-                         check: bool = True):
+def fast_ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                         counter: ByteCounter | None = None, *, reuse_buffers: bool = True,
+                         slice_bytes: int = SLICE_BYTES, depth: int = PIPELINE_DEPTH,
+                         one_stream: bool = True, check: bool = False) -> torch.Tensor:
     """The ring all-reduce of ``collectives.ring_all_reduce``, pipelined. In place; returns it."""
     rank, world_size = rank_and_size(group)
     if check:
-        check_same_shape(tensor, group)
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+        check_same_shape(tensor, group)  # one small all_gather more: only when asked
+    flat = flat_work(tensor)  # (numel,)
     if world_size == 1 or flat.numel() == 0:
         return done(tensor, flat)
     scatter, per_chunk = ring_messages(flat, rank, world_size, slice_bytes, REDUCE_SCATTER)

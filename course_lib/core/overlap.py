@@ -9,11 +9,13 @@ backward) copies the gradient into its bucket and launches every bucket that is 
 ``finish_gradient_sync()`` waits for them. Buckets launch strictly in order, so every rank
 issues the same collectives in the same order, whatever order its hooks fire in.
 
-    model = OverlapDataParallel(module, group, bucket_mb=25)     # used like the others
+    model = OverlapDataParallel(module, process_group=group, bucket_cap_mb=25)  # as the others
     ...; loss.backward(); model.finish_gradient_sync(); optimizer.step()
 """
 
 from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,11 +26,16 @@ from course_lib.core.data_parallel import mark_unused
 
 
 class OverlapDataParallel(BucketedDataParallel):
-    """Average gradients over the ranks: each bucket is all-reduced from a gradient hook."""
+    """Average gradients over the ranks: each bucket is all-reduced from a gradient hook.
 
-    def __init__(self, module: nn.Module, group=None, bucket_mb: float | None = 25.0,
-                 all_reduce=dist.all_reduce, find_unused_parameters: bool = False):
-        super().__init__(module, group, bucket_mb, all_reduce, find_unused_parameters)
+    ``all_reduce``: ``dist.all_reduce``, the default of all three wrappers, as in DDP. Here it
+    must take ``async_op=True`` and return a handle to wait on: the course's ring does not."""
+
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None,
+                 bucket_cap_mb: float | None = 25.0, all_reduce=dist.all_reduce,
+                 find_unused_parameters: bool = False):
+        super().__init__(module, process_group, bucket_cap_mb, all_reduce,
+                         find_unused_parameters)
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         self.launched = []  # (bucket, handle of its all-reduce), in launch order
         self.ready = set()  # ids of the parameters whose gradient is in its bucket this step
@@ -42,7 +49,7 @@ class OverlapDataParallel(BucketedDataParallel):
             for bucket in self.buckets:
                 bucket.waiting = len(bucket.params)  # a new step: no gradient in yet
             if self.find_unused_parameters:  # their hooks will not fire: count them in now
-                for param in self.params_outside(output):
+                for param in params_outside(output, self.params):
                     self.gradient_ready(param)
         return output
 
@@ -61,39 +68,52 @@ class OverlapDataParallel(BucketedDataParallel):
             nxt = self.buckets[len(self.launched)]
             if nxt.waiting > 0:
                 break
-            handle = self.all_reduce(nxt.buffer, group=self.group, async_op=True)  # no wait
-            self.launched.append((nxt, handle))
+            handle = self.all_reduce(nxt.buffer, group=self.process_group, async_op=True)
+            self.launched.append((nxt, handle))  # no wait: backward goes on meanwhile
 
     def finish_gradient_sync(self) -> None:
         """Launch what backward did not (parameters without a gradient), wait for every
         bucket, then copy the means into ``.grad``."""
-        if not self.sync_pending:
-            raise RuntimeError("finish_gradient_sync() without a forward outside no_sync() "
-                               "since the last sync")
         for param in self.params:
             if id(param) not in self.ready:
                 self.gradient_ready(param)  # its hook did not fire in this backward
-        self.sync_pending = False
-        unused = mark_unused(self.params, self.group) if self.find_unused_parameters else None
+        self.take_pending_sync()  # raises if no forward outside no_sync() came first
+        no_rank_used = []  # their .grad stays None, as in DDP
+        if self.find_unused_parameters:
+            unused = mark_unused(self.params, self.process_group)
+            no_rank_used = [p for p, u in zip(self.params, unused, strict=True) if u]
         for bucket, handle in self.launched:
             handle.wait()  # the sum over the ranks is in the bucket now
             bucket.buffer.div_(self.world_size)  # the mean
-            skip = [p for p, u in zip(self.params, unused or [], strict=False) if u]
-            copy_out(bucket, skip)
+            copy_out(bucket, skip=no_rank_used)
 
-    def params_outside(self, output) -> list[nn.Parameter]:
-        """Parameters that ``output``'s autograd graph does not reach (as DDP looks for them
-        with ``find_unused_parameters=True``): no gradient will come for them this time."""
-        outputs = output if isinstance(output, (tuple, list)) else [output]
-        stack = [t.grad_fn for t in outputs if torch.is_tensor(t) and t.grad_fn is not None]
-        seen, kept, reached = set(), [], set()  # kept: visited nodes stay alive, ids unique
-        while stack:
-            node = stack.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            kept.append(node)
-            if hasattr(node, "variable"):  # an AccumulateGrad node: it feeds a parameter
-                reached.add(id(node.variable))
-            stack.extend(next_node for next_node, _ in node.next_functions)
-        return [p for p in self.params if id(p) not in reached]
+
+def tensors_in(output) -> list[torch.Tensor]:
+    """Every tensor in a forward's output, however nested in tuples, lists, dicts and
+    dataclasses: where DDP looks for them."""
+    if torch.is_tensor(output):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    elif is_dataclass(output) and not isinstance(output, type):
+        output = [getattr(output, f.name) for f in fields(output)]
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in tensors_in(item)]
+    return []
+
+
+def params_outside(output, params: list[nn.Parameter]) -> list[nn.Parameter]:
+    """Those of ``params`` that ``output``'s autograd graph does not reach (as DDP looks for
+    them with ``find_unused_parameters=True``): no gradient will come for them this time."""
+    stack = [t.grad_fn for t in tensors_in(output) if t.grad_fn is not None]
+    seen, kept, reached = set(), [], set()  # kept: visited nodes stay alive, ids unique
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        kept.append(node)
+        if hasattr(node, "variable"):  # an AccumulateGrad node: it feeds a parameter
+            reached.add(id(node.variable))
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return [p for p in params if id(p) not in reached]

@@ -34,8 +34,8 @@ def finish_sync(model) -> None:
         model.finish_gradient_sync()
 
 
-def train_step(model, optimizer, micro_batches, group, max_norm: float = float("inf"),
-               loss_norm: str = "tokens") -> dict:
+def train_step(model, optimizer, micro_batches, group: dist.ProcessGroup | None,
+               max_norm: float = float("inf"), loss_norm: str = "tokens") -> dict:
     """Forward and backward over this rank's micro-batches, sync once, clip, step.
 
     ``micro_batches``: this rank's part of the global batch (``TokenBatch`` each). Returns the

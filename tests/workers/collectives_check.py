@@ -6,8 +6,8 @@ size not divisible by the world size, ~10k elements, a transposed 2-D view, seve
 runs each algorithm of ``course_lib.core.collectives`` and ``course_lib.core.fast_ring`` on a
 copy and ``dist.all_reduce`` on another, and records whether they agree, whether all ranks hold
 the same bits and how many bytes each rank sent. It also checks the two halves of the ring
-separately and that a rank passing another shape or dtype makes every rank raise ``ValueError``.
-Rank 0 hands the summary back with ``save_result``.
+separately and that, with ``check=True``, a rank passing another shape or dtype makes every
+rank raise ``ValueError``. Rank 0 hands the summary back with ``save_result``.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import print0, worker
 
 
-def ring_halves(tensor, group=None, counter=None):
+def ring_halves(tensor, group=None, counter=None, check=False):
     """Reduce-scatter then all-gather: must be exactly ``ring_all_reduce``."""
-    return ring_all_gather(ring_reduce_scatter(tensor, group, counter), group, counter)
+    return ring_all_gather(ring_reduce_scatter(tensor, group, counter, check), group, counter)
 
 
 ALGORITHMS = {
@@ -46,7 +46,6 @@ ALGORITHMS = {
     "fast_ring_no_pipeline": partial(fast_ring_all_reduce, slice_bytes=1000, depth=0),
     "fast_ring_two_streams": partial(fast_ring_all_reduce, slice_bytes=1000, one_stream=False),
     "fast_ring_fresh_buffers": partial(fast_ring_all_reduce, reuse_buffers=False),
-    "fast_ring_unchecked": partial(fast_ring_all_reduce, check=False),  # alike tensors only
 }
 TINY_SLICES_MAX_NUMEL = 64  # one message per element: only on small tensors, for test speed
 
@@ -160,13 +159,14 @@ def check_all_gather(w, case: str, x: torch.Tensor) -> dict:
 
 
 def check_mismatch(w, name: str, fn, what: str) -> dict:
-    """The last rank passes another shape (same numel) or dtype; every rank must raise."""
+    """The last rank passes another shape (same numel) or dtype; with check=True every rank
+    must raise."""
     odd = w.rank == w.world_size - 1
     shape = (3, 2) if (what == "shape" and odd) else (2, 3)
     dtype = torch.float64 if (what == "dtype" and odd) else torch.float32
     message = ""
     try:
-        fn(torch.ones(shape, dtype=dtype, device=w.device), group=w.group)
+        fn(torch.ones(shape, dtype=dtype, device=w.device), group=w.group, check=True)
     except ValueError as e:
         message = str(e)
     healthy = torch.ones(3, device=w.device)  # the group must still work afterwards
@@ -188,8 +188,6 @@ def run_checks(w) -> dict:
         report["all_gather"].append(check_all_gather(w, case, x))
     if w.world_size > 1:  # one rank cannot disagree with itself
         for name, fn in ALGORITHMS.items():
-            if name == "fast_ring_unchecked":
-                continue  # told not to check: mismatched tensors are the caller's fault
             for what in ("shape", "dtype"):
                 report["mismatch"].append(check_mismatch(w, name, fn, what))
     return report

@@ -6,7 +6,10 @@ tied weight (one parameter used by two layers), a frozen layer, a buffer, a laye
 uses and a branch only rank 0 uses. Rank 0 hands back, per variant: the parameters after
 training, the last gradients (None kept as None), whether the replicas were bitwise equal
 after every step, how many torch.distributed calls ran inside ``no_sync()``, the all-reduces
-and bytes the recorder counted, and the timeline of one step of the tiny transformer.
+and bytes the recorder counted, and the timeline of one step of the tiny transformer. Also:
+every wrapper with ``find_unused_parameters=True`` against DDP on a model that returns a
+nested dict, the torch.distributed calls of one ZeRO-1 step, and the error every rank gets
+when the ranks wrap different models.
 """
 
 from __future__ import annotations
@@ -18,9 +21,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.core.buckets import BucketedDataParallel
+from course_lib.core.collectives import ByteCounter
+from course_lib.core.data_parallel import AllReducePerParameter
+from course_lib.core.overlap import OverlapDataParallel
 from course_lib.core.train_step import finish_sync, train_step
 from course_lib.core.zero import Zero1
 from course_lib.lessons.memory import optimizer_state_bytes
+from course_lib.lessons.timeline import CommRecorder
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import worker
 from course_lib.tasks.batching import micro_batches_of_rank
@@ -40,6 +48,8 @@ VARIANTS = {  # label: (sync name, bucket_mb, find_unused_parameters)
 }
 WATCHED = ("all_reduce", "broadcast", "send", "recv", "isend", "irecv", "batch_isend_irecv",
            "all_gather", "reduce_scatter", "all_gather_object")
+# isend and irecv left out: P2POp accepts only the real ones, and batch_isend_irecv counts them
+RING_WATCHED = tuple(name for name in WATCHED if name not in ("isend", "irecv"))
 
 
 class SmallNet(nn.Module):
@@ -76,13 +86,16 @@ def rows(rank: int, k: int) -> slice:
 
 
 @contextmanager
-def counting(counts: dict):
-    """Count calls of torch.distributed's communication functions while inside."""
-    saved = {name: getattr(dist, name) for name in WATCHED}
+def counting(counts: dict, watched=WATCHED, calls: list | None = None):
+    """Count calls of torch.distributed's communication functions while inside; ``calls``
+    also gets (name, dtype, numel) of each call's first tensor."""
+    saved = {name: getattr(dist, name) for name in watched}
 
     def counted(name, fn):
         def call(*args, **kwargs):
             counts[name] = counts.get(name, 0) + 1
+            if calls is not None and args and torch.is_tensor(args[0]):
+                calls.append([name, str(args[0].dtype).removeprefix("torch."), args[0].numel()])
             return fn(*args, **kwargs)
         return call
 
@@ -174,7 +187,8 @@ def transformer_step(w, name: str) -> dict:
 
 def timeline(w, name: str) -> list[dict]:
     """One synced backward of the tiny transformer, timed by the wrapper's recorder."""
-    model = wrap_model(name, make_transformer(seed=0, device=w.device), w.group, w.device, 0.01)
+    model = wrap_model(name, make_transformer(seed=0, device=w.device), w.group, w.device, 0.01,
+                       recorder=CommRecorder)
     batch = global_batch(seed=0, step=0, size=w.world_size * MICRO)
     mine = micro_batches_of_rank(batch, w.rank, w.world_size, 1)[0].to(w.device)
     model.recorder.start_step()
@@ -196,25 +210,96 @@ def zero_check(w, make) -> dict:
             model = wrap_model("ddp", module, w.group, w.device, SMALL_MB, True)
             opt = torch.optim.AdamW(module.parameters(), lr=0.01, weight_decay=0.1)
         else:
-            model = module  # no wrapper: ZeRO-1's step does the communication
-            opt = Zero1(module.parameters(), torch.optim.AdamW, w.group, max_grad_norm=0.5,
-                        lr=0.01, weight_decay=0.1)
+            model, counter = module, ByteCounter()  # no wrapper: ZeRO-1's step communicates
+            opt = Zero1(module.parameters(), torch.optim.AdamW, process_group=w.group,
+                        max_grad_norm=0.5, counter=counter, lr=0.01, weight_decay=0.1)
         mine = slice(w.rank * MICRO, (w.rank + 1) * MICRO)
+        counts, calls = {}, []  # every torch.distributed call of ZeRO-1's steps
         for step in range(STEPS):
             x, y = data(step, w.world_size * MICRO, w.device)
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(x[mine], use_extra=w.rank == 0), y[mine]).backward()
             if kind == "plain":
                 torch.nn.utils.clip_grad_norm_(module.parameters(), 0.5)
-            opt.step()
+                opt.step()
+            else:
+                with counting(counts, RING_WATCHED, calls):
+                    opt.step()
         state = opt.inner if kind == "zero" else opt
         results[kind] = {"params": as_json(module, "params"),
                          "state_bytes": optimizer_state_bytes(state),
                          "equal_on_ranks": same_everywhere(bits(module), w.group)}
-    everyone = [None] * w.world_size
-    dist.all_gather_object(everyone, results["zero"]["state_bytes"], group=w.group)
-    results["zero"]["state_bytes_per_rank"] = everyone
+    results["zero"].update(steps=STEPS, calls=counts, all_reduces=[c for c in calls
+                                                                   if c[0] == "all_reduce"],
+                           ring_bytes=counter.bytes_sent)
+    for key in ("state_bytes", "ring_bytes"):
+        everyone = [None] * w.world_size
+        dist.all_gather_object(everyone, results["zero"][key], group=w.group)
+        results["zero"][f"{key}_per_rank"] = everyone
     return results
+
+
+class DictNet(nn.Module):
+    """Returns a dict with a nested tuple and list; ``unused`` never runs. Small for speed."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk, self.head, self.aux = nn.Linear(6, 8), nn.Linear(8, 3), nn.Linear(8, 3)
+        self.unused = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        h = torch.tanh(self.trunk(x))  # (batch, 8)
+        return {"logits": self.head(h), "extra": (0, [self.aux(h)])}
+
+
+WRAPPERS = {"allreduce": AllReducePerParameter, "bucketed": BucketedDataParallel,
+            "overlap": OverlapDataParallel}
+
+
+def dict_output_check(w) -> dict:
+    """DDP and each wrapper, built with the same keywords (process_group=, bucket_cap_mb=,
+    find_unused_parameters=True): two steps on a dict output; the gradients and parameters."""
+    torch.manual_seed(1)
+    state = DictNet().to(w.device).state_dict()
+    results = {}
+    for name in ("ddp", *WRAPPERS):
+        module = DictNet().to(w.device)
+        module.load_state_dict(state)
+        options = {"process_group": w.group, "find_unused_parameters": True}
+        if name == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=SMALL_MB,
+                                                              **options)
+        elif name == "allreduce":
+            model = WRAPPERS[name](module, **options)
+        else:
+            model = WRAPPERS[name](module, bucket_cap_mb=SMALL_MB, **options)
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        for step in range(2):
+            x, y = data(step, w.world_size * MICRO, w.device)
+            mine = slice(w.rank * MICRO, (w.rank + 1) * MICRO)
+            opt.zero_grad(set_to_none=True)
+            out = model(x[mine])
+            loss = F.cross_entropy(out["logits"], y[mine]) + out["extra"][1][0].square().mean()
+            loss.backward()
+            finish_sync(model)
+            grads = as_json(module, "grads")
+            opt.step()
+        results[name] = {"grads": grads, "params": as_json(module, "params")}
+    return results
+
+
+def different_models_check(w) -> str:
+    """The last rank wraps a layer of another shape: every rank must raise ValueError."""
+    shape = (3, 2) if w.rank == w.world_size - 1 else (2, 3)
+    try:
+        AllReducePerParameter(nn.Linear(*shape).to(w.device), process_group=w.group)
+    except ValueError as e:
+        message = str(e)
+    else:
+        message = ""
+    healthy = torch.ones(1, device=w.device)
+    dist.all_reduce(healthy, group=w.group)  # the group still works afterwards
+    return message if int(healthy) == w.world_size else "the group broke"
 
 
 def main() -> None:
@@ -239,6 +324,11 @@ def main() -> None:
         result["timelines"] = {name: timeline(w, name) for name in ("ring", "bucketed",
                                                                         "overlap")}
         result["zero"] = zero_check(w, make)
+        result["dict_output"] = dict_output_check(w)
+        if w.world_size > 1:  # one rank cannot disagree with itself
+            messages = [None] * w.world_size
+            dist.all_gather_object(messages, different_models_check(w), group=w.group)
+            result["different_models"] = messages
         save_result(result)
 
 
