@@ -1,4 +1,5 @@
-"""The capstone trainer's injected bugs (exercise 11.1), as edits of the fixed trainer.
+"""The capstone trainer's injected bugs (exercise 11.1), as edits of the fixed trainer (the
+notebook's own answer cell, ``answer_edits.reference("capstone_trainer.py")``).
 
     buggy_text(["no loss scaling"])  # the fixed trainer with that one bug
     buggy_text(BUGS)                 # the file notebook 11 gives the learner
@@ -6,9 +7,13 @@
 Each bug: (name, the rung of the ladder it breaks first, [(right text, wrong text), ...]).
 """
 
-from pathlib import Path
+from answer_edits import edited, reference
 
-FIXED = Path(__file__).parent / "workspace_answers" / "capstone_trainer.py"
+
+def fixed() -> str:
+    """The fixed trainer: the answer cell of notebook 11."""
+    return reference("capstone_trainer.py")
+
 
 BUGS = {
     "no loss scaling": (2, [(
@@ -40,6 +45,22 @@ BUGS = {
         "")]),
 }
 
+# Another right trainer: the same sums and syncs, written differently.
+ANOTHER_RIGHT = [
+    ("loss = token_losses * world_size / global_tokens  # DDP divides by world_size",
+     "loss = token_losses / (global_tokens / world_size)  # DDP's average undoes the /N"),
+    ("with nullcontext() if last else model.no_sync():",
+     "with model.no_sync() if not last else nullcontext():"),
+    ("for tensor in module.state_dict().values():",
+     "for tensor in [*module.parameters(), *module.buffers()]:"),
+    ("""    dist.all_reduce(loss_sum, group=group)  # every rank's token losses
+    return float(loss_sum / global_tokens)""",
+     """    loss_sum /= global_tokens  # this rank's part of the global mean
+    dist.all_reduce(loss_sum, group=group)
+    return loss_sum.item()"""),
+    ("shuffle=True, seed=0)", "shuffle=True, seed=7)"),
+]
+
 # A half fix a learner may try after rung 2's first report: not in the handed-out file.
 HALF_FIXES = {
     "each micro-batch's own mean, / K": (2, [(
@@ -49,9 +70,6 @@ HALF_FIXES = {
 
 
 def buggy_text(names) -> str:
-    text = FIXED.read_text()
-    for name in names:
-        for right, wrong in {**BUGS, **HALF_FIXES}[name][1]:
-            assert text.count(right) == 1, (name, right)
-            text = text.replace(right, wrong)
-    return text
+    """The fixed trainer with the bugs ``names`` (of BUGS and HALF_FIXES) put in."""
+    every = {**BUGS, **HALF_FIXES}
+    return edited(fixed(), [edit for name in names for edit in every[name][1]])

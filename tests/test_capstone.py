@@ -2,11 +2,11 @@
 the reference trainer of exercise 11.1 run from its own command line."""
 
 import math
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
+from answer_edits import reference
 
 from course_lib.lessons import budget, capstone
 from course_lib.lessons.budget import Budget, Machine, Plan
@@ -100,9 +100,10 @@ def test_some_plans_miss_each_limit_and_few_fit():
 
 
 @pytest.mark.slow
-def test_the_reference_trainer_runs_from_its_command_line():
-    path = os.path.join(os.path.dirname(__file__), "workspace_answers", "capstone_trainer.py")
-    run = launch(path, 2, timeout_s=300, quiet=True)
+def test_the_reference_trainer_runs_from_its_command_line(tmp_path):
+    path = tmp_path / "capstone_trainer.py"
+    path.write_text(reference("capstone_trainer.py"))  # the answer cell of notebook 11
+    run = launch(str(path), 2, timeout_s=300, quiet=True)
     losses = [float(line.rsplit(" ", 1)[1]) for line in run.output.splitlines()
               if "loss" in line]
     assert len(losses) == 4 and losses[-1] < losses[0]

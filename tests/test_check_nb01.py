@@ -20,7 +20,7 @@ def with_the_library(f, x, eps):
     return gradients.finite_difference(lambda t: f(float(t)), torch.tensor(x), eps)
 
 
-@pytest.mark.parametrize("wrong, hint", [
+CENTRAL_MISTAKES = [
     (lambda f, x, eps: (f(x + eps) - f(x)) / eps, "one-sided difference"),
     (lambda f, x, eps: (f(x) - f(x - eps)) / eps, "one-sided difference"),
     (lambda f, x, eps: (f(x + eps) - f(x - eps)) / eps, "twice the slope"),
@@ -28,10 +28,15 @@ def with_the_library(f, x, eps):
     (lambda f, x, eps: ((f(x + eps) - f(x - eps)) / (2 * eps),), "the estimate of f'(x); "
                                                                  "your code returned a tuple"),
     (with_the_library, "calls gradients.finite_difference, the course's own version"),
-    (lambda f, x, eps: (f(x + 1e-2) - f(x - 1e-2)) / 2e-2, "placed evenly around x"),
-])
+    (lambda f, x, eps: (f(x + 1e-2) - f(x - 1e-2)) / 2e-2, "the distance you divide by"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", CENTRAL_MISTAKES)
 def test_central_difference_wrong_answers(wrong, hint):
-    assert hint in hint_of(central_difference, wrong)
+    shown = hint_of(central_difference, wrong)
+    assert hint in shown
+    assert not [other for _, other in CENTRAL_MISTAKES if other != hint and other in shown]
 
 
 def right_logistic(w, x, y):
@@ -49,7 +54,7 @@ def test_logistic_gradient_reference(capsys):
     assert capsys.readouterr().out == "Exercise 1.2: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
+LOGISTIC_MISTAKES = [
     (lambda w, x, y: x.T @ (torch.sigmoid(x @ w) - y), "50 times too large"),
     (lambda w, x, y: x.T @ (y - torch.sigmoid(x @ w)) / x.shape[0], "the sign is flipped"),
     (lambda w, x, y: x.T @ (x @ w - y) / x.shape[0], "not the gradient of the mean"),
@@ -57,10 +62,15 @@ def test_logistic_gradient_reference(capsys):
      "return a tensor with one entry per weight; your code returned a list"),
     (lambda w, x, y: torch.sigmoid(x @ w) - y, "of shape (2,)"),
     (with_autograd, "asks autograd"),
-    (gradients.logistic_grad_by_hand, "the course's version"),
-])
+    (gradients.logistic_grad_by_hand, "calls gradients.logistic_grad_by_hand, the course's own"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", LOGISTIC_MISTAKES)
 def test_logistic_gradient_wrong_answers(wrong, hint):
-    assert hint in hint_of(logistic_gradient, wrong)
+    shown = hint_of(logistic_gradient, wrong)
+    assert hint in shown
+    assert not [other for _, other in LOGISTIC_MISTAKES if other != hint and other in shown]
 
 
 def flat(model):
@@ -99,17 +109,22 @@ def test_per_example_reference(capsys):
     assert capsys.readouterr().out == "Exercise 1.3: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (forgot_zero_grad, "keeps adding up between backward calls"),
-    (whole_batch, "every row is the whole batch's gradient"),
+PER_EXAMPLE_MISTAKES = [
+    (forgot_zero_grad, "nothing in your loop clears it"),
+    (whole_batch, "your backward runs on the loss of the whole batch"),
     (lambda model, x, y: right_per_example(model, x, y).T,
      "a tensor of shape (6, 114), not (114, 6)"),
-    (rows_as_list, "stack the rows); your code returned a list of 6 item(s)"),
+    (rows_as_list, "one row per example; your code returned a list of 6 item(s)"),
     (gradients.per_example_grads_loop, "calls gradients.per_example_grads_loop"),
     (gradients.per_example_grads, "calls gradients.per_example_grads, the course's"),
-])
+]
+
+
+@pytest.mark.parametrize("wrong, hint", PER_EXAMPLE_MISTAKES)
 def test_per_example_wrong_answers(wrong, hint):
-    assert hint in hint_of(per_example, wrong)
+    shown = hint_of(per_example, wrong)
+    assert hint in shown
+    assert not [other for _, other in PER_EXAMPLE_MISTAKES if other != hint and other in shown]
 
 
 def test_not_done_yet(capsys):

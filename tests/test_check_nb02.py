@@ -36,7 +36,7 @@ def test_training_bytes_reference(capsys):
     assert capsys.readouterr().out == "Exercise 2.1: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
+BYTES_MISTAKES = [
     (lambda m, n: (2 + COPIES[n]) * elements(m), "you count numbers, not bytes"),
     (lambda m, n: right_bytes(m, n) // (2 + COPIES[n]) * (1 + COPIES[n]),
      "one copy of the parameters' size is missing for every optimizer"),
@@ -48,10 +48,16 @@ def test_training_bytes_reference(capsys):
     (lambda m, n: float(right_bytes(m, n)), "return a whole number of bytes (an int); your "
                                             "code returned the float"),
     (measured, "calls the notebook's memory functions"),
-    (lambda m, n: memory.parameter_bytes(m) * (2 + COPIES[n]), "count the bytes yourself"),
-])
+    (lambda m, n: memory.parameter_bytes(m) * (2 + COPIES[n]),
+     "calls the notebook's memory functions"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", BYTES_MISTAKES)
 def test_training_bytes_wrong_answers(wrong, hint):
-    assert hint in hint_of(training_bytes, wrong)
+    shown = hint_of(training_bytes, wrong)
+    assert hint in shown
+    assert not [other for _, other in BYTES_MISTAKES if other != hint and other in shown]
 
 
 def right_steps(budget, fixed, per_example, global_batch):
@@ -71,22 +77,28 @@ def test_accumulation_plan_reference(capsys):
     assert capsys.readouterr().out == "Exercise 2.2: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
+PLAN_MISTAKES = [
     (lambda b, f, e, g: max(1, g // ((b - f) // e)), "you round the number of micro-steps "
                                                      "down"),
     (lambda b, f, e, g: math.ceil(g / (b // e)), "leaves the fixed memory (parameters, "
                                                  "gradients, optimizer state) out"),
     (lambda b, f, e, g: math.ceil(g / ((b - f) // e)) if b > f else 1,
-     "raise ValueError with a message that says so; your code gave 1"),
+     "your code gave 1, not a ValueError"),
     (lambda b, f, e, g: math.ceil(g / ((b - f) // e)), "your code gave 0"),
     (lambda b, f, e, g: math.ceil(g / max(0, (b - f) // e)), "gave a ZeroDivisionError"),
     (lambda b, f, e, g: g / ((b - f) / e), "a whole number of micro-steps (an int, rounded); "
                                            "your code returned the float"),
     (with_the_library, "calls memory.largest_batch_that_fits, the course's own version"),
-    (lambda b, f, e, g: math.ceil(g / math.floor((b - f) / e)) + 1, "is not the fewest"),
-])
+    (lambda b, f, e, g: math.ceil(g / math.floor((b - f) / e)) + 1, "is more than needed"),
+    (lambda b, f, e, g: 1, "with 1 micro-step(s) a micro-batch holds more examples than fit"),
+]
+
+
+@pytest.mark.parametrize("wrong, hint", PLAN_MISTAKES)
 def test_accumulation_plan_wrong_answers(wrong, hint):
-    assert hint in hint_of(accumulation_plan, wrong)
+    shown = hint_of(accumulation_plan, wrong)
+    assert hint in shown
+    assert not [other for _, other in PLAN_MISTAKES if other != hint and other in shown]
 
 
 def test_not_done_yet(capsys):

@@ -50,20 +50,32 @@ def returns_the_means(replica_list):  # computes the means but does not write th
             for params in by_parameter(replica_list)]
 
 
+def drops_the_last_grads(replica_list):
+    right_average(replica_list)
+    for p in replica_list[-1].parameters():
+        p.grad = None
+
+
 def test_average_gradients_reference(capsys):
     average_gradients(right_average)
     assert capsys.readouterr().out == "Exercise 4.1: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
+AVERAGE_MISTAKES = [
     (summed, "replica 0 holds the sum of the gradients, not their mean"),
     (only_rank_0, "replica 1 does not hold the mean gradient"),
     (each_its_own_order, "close but not bitwise equal"),
-    (returns_the_means, "change the replicas' .grad in place"),
+    (returns_the_means, "your function returns a list"),
+    (drops_the_last_grads, "replica 2 has parameters without .grad"),
     (replicas.average_gradients, "calls replicas.average_gradients, the course's own version"),
-])
+]
+
+
+@pytest.mark.parametrize("wrong, hint", AVERAGE_MISTAKES)
 def test_average_gradients_wrong_answers(wrong, hint):
-    assert hint in hint_of(average_gradients, wrong)
+    shown = hint_of(average_gradients, wrong)
+    assert hint in shown
+    assert not [other for _, other in AVERAGE_MISTAKES if other != hint and other in shown]
 
 
 def right_shard(x, rank, world):
@@ -78,19 +90,25 @@ def test_shard_reference(capsys):
     assert capsys.readouterr().out == "Exercise 4.2: correct.\n"
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda x, rank, world: x[rank::world], "not every world_size-th row"),
+SHARD_MISTAKES = [
+    (lambda x, rank, world: x[rank::world], "a rank gets every world_size-th row"),
     (lambda x, rank, world: x[rank * (len(x) // world):(rank + 1) * (len(x) // world)],
-     "raise ValueError (and say which world sizes would work)"),
-    (lambda x, rank, world: x.chunk(world)[rank], "instead of dropping or repeating rows"),
-    (lambda x, rank, world: x[rank:rank + len(x) // world], "each row once"),
+     "yet your function returned a shard"),
+    (lambda x, rank, world: x.chunk(world)[rank], "yet your function returned a shard"),
+    (lambda x, rank, world: x[rank:rank + len(x) // world],
+     "some rows are missing and others repeated"),
     (lambda x, rank, world: x[rank * 2:(rank + 1) * 2], "yours hold [2]"),
     (lambda x, rank, world: right_shard(x, rank, world).tolist(),
      "return the rank's rows as a tensor (a slice of x); your code returned a list"),
     (replicas.shard, "calls replicas.shard, the course's own version"),
-])
+]
+
+
+@pytest.mark.parametrize("wrong, hint", SHARD_MISTAKES)
 def test_shard_wrong_answers(wrong, hint):
-    assert hint in hint_of(shard, wrong)
+    shown = hint_of(shard, wrong)
+    assert hint in shown
+    assert not [other for _, other in SHARD_MISTAKES if other != hint and other in shown]
 
 
 def test_warmup_reference(capsys):
@@ -102,7 +120,7 @@ def as_library(step, peak_lr, warmup_steps):
     return replicas.warmup_lr(step, peak_lr, warmup_steps)
 
 
-@pytest.mark.parametrize("wrong, hint", [
+WARMUP_MISTAKES = [
     (lambda step, peak, warm: peak * min(1.0, step / warm), "step 0 gets learning rate 0, a "
                                                             "wasted step"),
     (lambda step, peak, warm: peak * (step + 1) / warm, "the rate goes past the peak"),
@@ -115,10 +133,14 @@ def as_library(step, peak_lr, warmup_steps):
     (lambda step, peak, warm: f"{peak * min(1.0, (step + 1) / warm):.3f}",
      "a number; your code returned the str"),
     (as_library, "calls replicas.warmup_lr, the course's own version"),
-])
+]
+
+
+@pytest.mark.parametrize("wrong, hint", WARMUP_MISTAKES)
 def test_warmup_wrong_answers(wrong, hint):
     shown = hint_of(warmup, wrong)
     assert hint in shown
+    assert not [other for _, other in WARMUP_MISTAKES if other != hint and other in shown]
     assert "(step + 1)" not in shown and "min(" not in shown  # no formula given away
 
 

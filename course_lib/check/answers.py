@@ -98,5 +98,4 @@ def expect_tensor_with_grad(value, what: str) -> None:
         raise ExerciseError(f"{what}; your code returned {describe(value)}, not a tensor")
     if not value.requires_grad:
         raise ExerciseError(f"{what}; your tensor is cut off from the model (no gradient "
-                            "path): compute it from the inputs, without .detach() or "
-                            "torch.no_grad()")
+                            "path), as .detach() or torch.no_grad() leave it")

@@ -21,12 +21,17 @@ _CASES = [
 ]
 NUMBER = (float, int)
 AUTOGRAD = [torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward]
+BY_HAND = ("your code asks autograd for the gradient: the exercise is to write it from the "
+           "formula you derive by hand, with plain tensor operations")
 
 
-@exercise("1.1", pointer="Evaluate f a small step eps to the right of x and the same step "
-                             "to the left. The difference of the two values, over the "
-                             "distance between the two points, is the slope; the errors of "
-                             "the two sides cancel to first order.")
+@exercise("1.1",
+          nudge="A difference between f(x + eps) and f(x) is off from f'(x) by a term "
+                "proportional to eps. Where would you put two points so that the errors of the "
+                "two sides cancel?",
+          pointer="Section 1 of this notebook, 'A derivative, three ways': write the Taylor "
+                  "expansion of f to first order at the two points you pick and subtract. The "
+                  "slope is the difference of the values over the distance between the points.")
 def central_difference(my_central_difference) -> None:
     """``my_central_difference(f, x, eps)`` must approximate f'(x) to O(eps^2)."""
     eps = 1e-4
@@ -39,22 +44,26 @@ def central_difference(my_central_difference) -> None:
         near = abs(want) * 1e-3  # room for an O(eps) error, not for a wrong formula
         expect(abs(got - 2 * want) > near, "your result is twice the slope: look at how far "
                                            "apart the two points you compare are")
-        expect(abs(got + want) > near, "your result has the wrong sign: the later point's "
-                                       "value comes first in the difference")
+        expect(abs(got + want) > near, "your result has the wrong sign: your difference takes "
+                                       "the value at the later point from the earlier one")
         one_sided = ((f(x + eps) - f(x)) / eps, (f(x) - f(x - eps)) / eps)  # error O(eps)
         expect(min(abs(got - s) for s in one_sided) > 1e-12,
-               "this is a one-sided difference: its error shrinks only like eps. Use points "
-               "on both sides of x, so that the first-order errors cancel")
+               "this is a one-sided difference: both points lie on one side of x (x itself is "
+               "one of them), so its error shrinks only like eps")
         expect(abs(got - want) <= 1e-7 * max(1.0, abs(want)),
-               f"at x={x} you return {got:.8f} but the derivative is {want:.8f}: compare the "
-               "function's values at two points placed evenly around x")
+               f"at x={x} you return {got:.8f} but the derivative is {want:.8f}: further off "
+               "than a step of eps on either side of x leaves; look at the points your code "
+               "compares and the distance you divide by")
 
 
-@exercise("1.2", pointer="The loss of one example is a function of its logit x_i . w. "
-                             "Its derivative with respect to the logit is the prediction "
-                             "minus the label; the chain rule then multiplies by x_i. The "
-                             "loss is a mean: average these vectors over the n examples "
-                             "(one matrix product does it for all of them).")
+@exercise("1.2",
+          nudge="Take one example: its loss depends on w only through its logit, the dot "
+                "product of x_i and w. What is the loss's derivative with respect to that "
+                "logit, and what does the chain rule add?",
+          pointer="Section 2 of this notebook checks a gradient derived by hand against "
+                  "autograd. The derivative of the logistic loss in the logit is a prediction "
+                  "and a label compared; the logit's derivative in w is x_i. The loss is a "
+                  "mean over the examples, and one matrix product handles all of them.")
 def logistic_gradient(my_logistic_grad) -> None:
     """``my_logistic_grad(w, x, y)``: the hand-derived gradient of the mean logistic loss."""
     for n, seed in ((50, 0), (7, 1)):
@@ -63,9 +72,7 @@ def logistic_gradient(my_logistic_grad) -> None:
         (want,) = torch.autograd.grad(gradients.logistic_loss(w, x, y), [w])
         got = call_own(my_logistic_grad, w.detach().clone(), x, y,
                        library=[gradients.logistic_grad_by_hand, *AUTOGRAD],
-                       hint="your code asks autograd (or the course's version) for the "
-                            "gradient: the exercise is to write it from the formula you "
-                            "derive by hand, with plain tensor operations")
+                       hint=dict.fromkeys(AUTOGRAD, BY_HAND))
         expect_type(got, torch.Tensor, "return a tensor with one entry per weight")
         expect(got.shape == want.shape,
                f"return a tensor of shape {tuple(want.shape)} (one entry per weight), not "
@@ -80,11 +87,14 @@ def logistic_gradient(my_logistic_grad) -> None:
                "rule (the sigmoid's derivative, the logit's derivative in w) and the mean")
 
 
-@exercise("1.3", pointer="Loop over i. In each pass: clear every parameter's .grad, run "
-                             "the model and the loss on the slice x[i:i+1], y[i:i+1] (a batch "
-                             "of one keeps the shapes the model expects), call backward, then "
-                             "flatten each p.grad and concatenate them into one row. Stack "
-                             "the rows.")
+@exercise("1.3",
+          nudge="backward fills .grad with the gradient of whatever loss you call it on. How "
+                "do you make each backward see one example only, and what happens to .grad "
+                "between two backward calls?",
+          pointer="Section 5 of this notebook, '.grad adds up', shows what a second backward "
+                  "does and how to clear .grad. Slicing x and y with a range of length one "
+                  "keeps the batch dimension the model expects; torch.cat and torch.stack turn "
+                  "the parameters' gradients into rows and the rows into one tensor.")
 def per_example(my_per_example_grads) -> None:
     """``my_per_example_grads(model, x, y)``: a (B, P) tensor, one gradient per example."""
     model = toy.make_mlp(hidden=8, seed=3, dtype=torch.float64)  # small for speed
@@ -93,17 +103,18 @@ def per_example(my_per_example_grads) -> None:
     model.zero_grad(set_to_none=True)
     got = call_own(my_per_example_grads, model, x, y,
                    library=[gradients.per_example_grads_loop, gradients.per_example_grads])
-    expect_type(got, torch.Tensor, f"return one tensor of shape {tuple(want.shape)}: one row "
-                                   "per example (stack the rows)")
+    expect_type(got, torch.Tensor, f"return one tensor of shape {tuple(want.shape)}, one row "
+                                   "per example")
     expect(got.shape == want.shape,
            f"return one flat gradient per example: a tensor of shape {tuple(want.shape)}, "
            f"not {tuple(got.shape)}")
     got = got.detach().double()
     expect(not torch.allclose(got, want.cumsum(0), rtol=1e-6),
            "row i holds the sum of the gradients of examples 0..i: .grad keeps adding up "
-           "between backward calls unless you clear it")
+           "from one backward call to the next, and nothing in your loop clears it")
     expect(not torch.allclose(got, want.mean(0).expand_as(want), rtol=1e-6),
-           "every row is the whole batch's gradient: each backward should see one example")
+           "every row is the whole batch's gradient: your backward runs on the loss of the "
+           "whole batch, not on one example's")
     expect(torch.allclose(got, want, rtol=1e-8, atol=1e-10),
            "some rows differ from the per-example gradients: check that row i comes from "
            "example i alone, with every parameter's gradient, in model.parameters() order")

@@ -38,8 +38,8 @@ def _training_bytes_hint(got: dict, want: dict, params: int, element: int) -> st
         return ("you count numbers, not bytes: each number takes several bytes, and a tensor "
                 "can tell you how many")
     if element == 8 and all(got[n] * 2 == want[n] for n in names):
-        return ("this model is float64, 8 bytes a number: do not assume 4, ask each tensor "
-                "for its own element size")
+        return ("this model is float64, 8 bytes a number, and you count 4 bytes for every "
+                "number")
     if all(got[n] == want[n] - params for n in names):
         return ("one copy of the parameters' size is missing for every optimizer. Besides the "
                 "parameters and the optimizer's state, what does backward leave beside each "
@@ -54,11 +54,14 @@ def _training_bytes_hint(got: dict, want: dict, params: int, element: int) -> st
             "gradients + optimizer state; count each of the three in bytes")
 
 
-@exercise("2.1", pointer="Bytes of one tensor: its number of elements times its element "
-                             "size (both are methods of a tensor). Training keeps the "
-                             "parameters, one gradient per parameter, and the optimizer's "
-                             "state: plain SGD keeps nothing, momentum one buffer per "
-                             "parameter, Adam two (its two running averages).")
+@exercise("2.1",
+          nudge="Training keeps three things for every parameter: the parameter itself, what "
+                "backward leaves beside it, and what the optimizer remembers between steps. "
+                "How many numbers is each, and how many bytes is one number?",
+          pointer="Section 2 of this notebook, 'Where memory goes', breaks the bytes down by "
+                  "optimizer (plain SGD keeps no state, momentum one buffer per parameter, "
+                  "Adam its two running averages). A tensor knows its number of elements and "
+                  "the bytes of one element: both are tensor methods.")
 def training_bytes(my_training_bytes) -> None:
     """``my_training_bytes(model, optimizer_name)``: parameters + gradients + optimizer state."""
     models = [toy.make_mlp(hidden=16, seed=0),
@@ -78,11 +81,14 @@ def training_bytes(my_training_bytes) -> None:
             expect(False, _training_bytes_hint(got, want, params, element))
 
 
-@exercise("2.2", pointer="Take the fixed memory away from the budget: what is left is for "
-                             "activations. Divided by the bytes of one example (rounded "
-                             "down), that is the largest micro-batch. The number of "
-                             "micro-steps is the global batch over that, rounded up; when the "
-                             "largest micro-batch is 0, raise ValueError.")
+@exercise("2.2",
+          nudge="Two questions, one after the other: how many examples fit in one micro-step "
+                "once the fixed memory is paid, and how many micro-steps of that size cover "
+                "the whole global batch?",
+          pointer="Section 4 of this notebook, 'The wall', finds the largest batch that fits "
+                  "and the number of micro-steps it takes. The math module rounds a division "
+                  "down or up; mind which way each of the two answers must round. When no "
+                  "example fits, a ValueError (raise) says so.")
 def accumulation_plan(my_accum_steps) -> None:
     """``my_accum_steps(budget, fixed, per_example, global_batch)``: fewest micro-steps that fit."""
     cases = [(10_000, 2_000, 100, 64),  # room for 80 examples: 1 step
@@ -104,8 +110,10 @@ def accumulation_plan(my_accum_steps) -> None:
         expect(got != math.floor(global_batch / largest) or got == want,
                f"{case}: you round the number of micro-steps down, so the last examples "
                "are left out")
-        expect(got == want, f"{case}: {got} micro-steps is not the fewest that fit; find the "
-                            "largest micro-batch that fits first")
+        expect(got >= want, f"{case}: with {got} micro-step(s) a micro-batch holds more "
+                            "examples than fit in the memory left after the fixed part")
+        expect(got == want, f"{case}: {got} micro-steps is more than needed: fewer, larger "
+                            "micro-batches still fit")
     try:
         got = call_own(my_accum_steps, 1_000, 2_000, 10, 64, library=library)
     except LearnerCodeError as raised:
@@ -114,5 +122,5 @@ def accumulation_plan(my_accum_steps) -> None:
         if not isinstance(raised.error, ZeroDivisionError):
             raise
         got = "a ZeroDivisionError"
-    expect(False, "when not even one example fits (fixed memory above the budget), raise "
-                  f"ValueError with a message that says so; your code gave {got}")
+    expect(False, "with the fixed memory above the budget not even one example fits, yet "
+                  f"your code gave {got}, not a ValueError")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from course_lib.check.answers import call, describe, expect_tensor_with_grad, expect_type
@@ -25,10 +27,14 @@ def times(c: float) -> str:
     return f"{c:.3g} times too large" if c > 1 else f"{1 / c:.3g} times too small"
 
 
-@exercise("3.1", pointer="Walk over the micro-batches in order (x.chunk gives them). For "
-                             "each: its mean loss, scaled so that the k scaled means add up "
-                             "to the mean over the whole batch, then backward. Do not clear "
-                             ".grad inside the loop: adding up is what you want.")
+@exercise("3.1",
+          nudge=".grad adds up over backward calls, which is what accumulation wants. But the "
+                "loss is a mean: if each micro-batch backwards its own mean, what do the k "
+                "gradients add up to?",
+          pointer="Section 1 of this notebook, 'The manual loop', and 2.1, 'Forgetting the "
+                  "scale': x.chunk and y.chunk give the micro-batches, and each micro-batch's "
+                  "loss needs a factor so that the k of them add up to one mean over the "
+                  "batch. Nothing may clear .grad inside the loop.")
 def accumulate(my_accumulate) -> None:
     """``my_accumulate(model, x, y, accum_steps)`` leaves the big-batch gradient in ``.grad``."""
     model = toy.make_mlp(hidden=16, norm="layer", seed=1)
@@ -41,7 +47,7 @@ def accumulate(my_accumulate) -> None:
         model.zero_grad(set_to_none=True)
         call_own(my_accumulate, model, x, y, k, library=library)
         expect(all(p.grad is not None for p in model.parameters()),
-               "some parameters have no .grad: every micro-batch's loss needs a backward")
+               "some parameters have no .grad: no backward reached them")
         got = gradients.flat_grad(model)
         if gradients.relative_error(got, want) <= 1e-6:
             continue
@@ -50,10 +56,10 @@ def accumulate(my_accumulate) -> None:
                "something clears the gradients between micro-batches")
         c = scale_of(got, want)
         expect(c is None, f"with accum_steps={k} your gradient points the right way but is "
-                          f"{times(c or 1)}: the {k} micro-batch losses should add up to one "
-                          "mean over the batch, not to more or less than that")
-        expect(False, f"with accum_steps={k} .grad is not the big batch's gradient: backward "
-                      "each micro-batch's loss once, in order, and keep every share in .grad")
+                          f"{times(c or 1)}: the {k} losses you backward add up to more or "
+                          "less than one mean over the batch")
+        expect(False, f"with accum_steps={k} .grad is not the big batch's gradient, nor a "
+                      "multiple of it: some examples' share is missing or counted twice")
 
 
 def _micro_batches(accum_steps: int):
@@ -71,20 +77,31 @@ def _accumulated(model, parts, loss_of) -> torch.Tensor:
     return gradients.flat_grad(model).clone()
 
 
-@exercise("3.2", pointer="The big batch's loss is one mean: the sum of every scored token's "
-                             "loss over the number of scored tokens in the whole batch. Split "
-                             "the sum over the micro-batches: each micro-batch contributes its "
-                             "own token-loss sum over that same number. Which of the four "
-                             "arguments is that number?")
-def token_normalisation(my_micro_loss) -> None:
-    """``my_micro_loss(loss_sum, micro_tokens, global_tokens, accum_steps)``: what to backward."""
+@functools.cache
+def _token_case():
+    """The model, the batch, its 3 micro-batches, the big batch's gradient and the gradient of
+    the micro-batches' own means added up: the same for every answer, so computed once."""
     model = models.make_transformer(TINY, seed=0, dtype=torch.float64)
     batch, parts = _micro_batches(accum_steps=3)
-    global_tokens, k = batch.num_targets, len(parts)
     model.zero_grad(set_to_none=True)
     accumulation.big_batch_backward(model, batch)
     want = gradients.flat_grad(model).clone()
     own_means = _accumulated(model, parts, lambda s, part: s / part.num_targets)
+    return model, batch, parts, want, own_means
+
+
+@exercise("3.2",
+          nudge="The big batch's loss is one mean over all its scored tokens. When you split "
+                "its sum over the micro-batches, what should each micro-batch's share be "
+                "divided by, so that every token weighs the same?",
+          pointer="Section 2.2 of this notebook, 'Variable-length sequences: mean of "
+                  "micro-batch means', compares normalisations and shows which one equals the "
+                  "big batch. Look at the four arguments: one of them is the number the big "
+                  "batch's mean divides by, and not every argument is needed.")
+def token_normalisation(my_micro_loss) -> None:
+    """``my_micro_loss(loss_sum, micro_tokens, global_tokens, accum_steps)``: what to backward."""
+    model, batch, parts, want, own_means = _token_case()
+    global_tokens, k = batch.num_targets, len(parts)
 
     def learners(loss_sum, part):
         loss = call_own(my_micro_loss, loss_sum, part.num_targets, global_tokens, k,
@@ -104,8 +121,9 @@ def token_normalisation(my_micro_loss) -> None:
            f"your gradient is {k} times too large: the {k} losses you backward should add up "
            "to ONE mean over all the batch's scored tokens, not to several")
     expect(c is None or abs(c - 1 / k) > 1e-6,
-           f"your gradient is {k} times too small: your denominator already covers every "
-           "token of the batch, so nothing more needs dividing")
+           f"your gradient is {k} times too small: the {k} losses you backward add up to a "
+           f"{k}th of the batch's mean, so your denominator counts more than the batch's "
+           "scored tokens")
     expect(c is None, f"your gradient points the right way but is {times(c or 1)}: the losses "
                       "you backward should add up to the mean over all the batch's scored "
                       "tokens")
@@ -121,10 +139,14 @@ def token_normalisation(my_micro_loss) -> None:
                   "the same in the sum of your losses")
 
 
-@exercise("3.3", pointer="The batch's mean loss is the sum over all N examples, over N. A "
-                             "micro-batch's mean is the sum over its own n_j examples, over "
-                             "n_j. So to turn micro-batch j's mean back into its part of the "
-                             "batch's mean, multiply it by how big a part of the batch it is.")
+@exercise("3.3",
+          nudge="A micro-batch's mean loss averages over its own examples only. How big a "
+                "part of the whole batch is each micro-batch, and what should that do to its "
+                "weight?",
+          pointer="Section 2.3 of this notebook, 'An uneven last micro-batch', compares equal "
+                  "weights with weights by size against the big batch. On paper, write the "
+                  "batch's mean as a sum over the micro-batches of their means, each times a "
+                  "factor, and read each factor off.")
 def uneven_weights(my_weights) -> None:
     """``my_weights(sizes)``: the factor for each micro-batch's mean loss, e.g. [4, 4, 2]."""
     for sizes in ([4, 4, 2], [8], [5, 5, 5, 1], [3, 3]):

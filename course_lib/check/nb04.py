@@ -30,41 +30,49 @@ def _grads(model) -> list[torch.Tensor]:
 
 
 def _all_close(got, want) -> bool:
-    return all(torch.allclose(g, w, rtol=1e-5, atol=1e-7) for g, w in zip(got, want, strict=True))
+    return all(torch.is_tensor(g) and torch.allclose(g, w, rtol=1e-5, atol=1e-7)
+               for g, w in zip(got, want, strict=True))
 
 
-@exercise("4.1", pointer="zip(*(r.parameters() for r in replica_list)) walks over the "
-                             "parameters, giving the same parameter of every replica "
-                             "together. For each such group: stack their .grad, take the "
-                             "mean over the replicas once, and copy that one tensor into each "
-                             "p.grad (in place).")
+@exercise("4.1",
+          nudge="The same parameter lives once in every replica. Take those copies together: "
+                "their mean is one tensor. Must each replica compute it on its own, or can "
+                "they all receive the very same result?",
+          pointer="Section 1 of this notebook, 'N replicas, one process': zip over the "
+                  "replicas' parameters gives the same parameter of every replica together; "
+                  "torch.stack and .mean(dim=0) average a list of tensors, and a tensor's "
+                  "copy_ method writes into it in place.")
 def average_gradients(my_average_gradients) -> None:
     """``my_average_gradients(replicas)``: every replica's .grad becomes the mean, in place."""
     ours = _replicas_with_own_grads(world_size=3)
     want = [torch.stack(grads).mean(dim=0)
             for grads in zip(*(_grads(r) for r in ours), strict=True)]
     result = call_own(my_average_gradients, ours, library=[replicas.average_gradients])
-    expect(result is None or result is ours,
-           "change the replicas' .grad in place; there is nothing to return")
     expect(not _all_close(_grads(ours[0]), [3 * w for w in want]),
            "replica 0 holds the sum of the gradients, not their mean")
+    expect(result is None or _all_close(_grads(ours[0]), want),
+           f"your function returns a {type(result).__name__}, and the replicas' .grad do "
+           "not hold the mean: the checker reads each replica's .grad, changed in place")
     for rank, replica in enumerate(ours):
         expect(all(torch.is_tensor(g) for g in _grads(replica)),
-               f"replica {rank} has parameters without .grad: give every one the mean")
+               f"replica {rank} has parameters without .grad after your function ran")
+        first = "" if rank == 0 else ", though replica 0 does: not every replica gets it"
         expect(_all_close(_grads(replica), want),
-               f"replica {rank} does not hold the mean gradient: every replica, not only "
-               "one, should end with the mean of that parameter's gradients")
+               f"replica {rank} does not hold the mean gradient{first}")
     expect(all(torch.equal(a, b) for r in ours[1:]
                for a, b in zip(_grads(ours[0]), _grads(r), strict=True)),
-           "the replicas' gradients are close but not bitwise equal: compute the mean once "
-           "and give every replica that same result")
+           "the replicas' gradients are close but not bitwise equal: each replica's mean "
+           "was computed on its own, and additions in another order round differently")
 
 
-@exercise("4.2", pointer="With B rows and world_size ranks, each rank owns B // "
-                             "world_size rows, one block after the other: rank 0 the first "
-                             "block, rank 1 the next. Slice x from the first row of rank's "
-                             "block to the first row of the next block. Check B % world_size "
-                             "first and raise ValueError when it is not 0.")
+@exercise("4.2",
+          nudge="With B rows and world_size ranks, every rank owns the same number of rows, "
+                "side by side in rank order. Where does rank r's block start, and where does "
+                "the next one begin?",
+          pointer="Section 1 of this notebook shards a batch with replicas.shard (its "
+                  "docstring shows the layout). A slice of x with a start and a stop picks a "
+                  "block of rows; divmod gives the rows per rank and the rows left over, and "
+                  "rows left over call for a ValueError.")
 def shard(my_shard) -> None:
     """``my_shard(x, rank, world_size)``: rank's contiguous block of rows; ValueError if uneven."""
     x = torch.arange(24).reshape(12, 2)  # (12, 2): row i is [2i, 2i + 1]
@@ -79,18 +87,21 @@ def shard(my_shard) -> None:
         together = torch.cat(parts)  # (12, 2) when the shard sizes are right
         same_rows = torch.equal(together[together[:, 0].argsort()], x)  # x, in any row order
         expect(torch.equal(together, x) or not same_rows,
-               "your shards cover every row but not as contiguous blocks: each rank should "
-               "own one run of neighbouring rows, not every world_size-th row")
+               "your shards cover every row but not as contiguous blocks: a rank gets every "
+               "world_size-th row, not one run of neighbouring rows")
         expect(torch.equal(together, x),
-               "the shards, in rank order, should give back the whole batch, each row once")
+               f"with {world_size} ranks the shards, in rank order, do not give back the "
+               "batch: some rows are missing and others repeated, so a block does not start "
+               "where the rank before ends")
     try:
         call_own(my_shard, torch.zeros(10, 2), 0, 4, library=[replicas.shard])
     except LearnerCodeError as raised:
         if isinstance(raised.error, ValueError):
             return  # what the exercise asks for
         raise
-    expect(False, "10 rows do not split into 4 equal shards: raise ValueError (and say which "
-                  "world sizes would work) instead of dropping or repeating rows")
+    expect(False, "10 rows do not split into 4 equal shards, yet your function returned a "
+                  "shard, so rows are dropped or repeated where the exercise asks for a "
+                  "ValueError")
 
 
 def _warmup_hint(got: list[float], peak: float, warm: int) -> str:
@@ -111,10 +122,14 @@ def _warmup_hint(got: list[float], peak: float, warm: int) -> str:
     return f"{where}: after the warmup the rate should stay at the peak"
 
 
-@exercise("4.3", pointer="During the warmup the rate is peak_lr times a fraction that "
-                             "grows by 1 / warmup_steps each step, starting at 1 / "
-                             "warmup_steps for step 0 (count steps from 1 for the fraction). "
-                             "Cap the fraction at 1, so the rate stays at the peak afterwards.")
+@exercise("4.3",
+          nudge="A linear ramp climbs by the same amount every step. How big is each step up "
+                "if step 0 is already one step up and step warmup_steps - 1 is at the peak? "
+                "And what keeps it from climbing further?",
+          pointer="Section 4 of this notebook, 'A bigger batch wants a bigger learning rate', "
+                  "prints a warmup schedule: read off the fraction of the peak each step "
+                  "gets (steps count from 0, so the fraction counts from 1). The built-in min "
+                  "caps a number.")
 def warmup(my_warmup_lr) -> None:
     """``my_warmup_lr(step, peak_lr, warmup_steps)``: linear ramp to the peak, then the peak."""
     for peak, warm in ((0.4, 4), (1.0, 10), (0.1, 1)):

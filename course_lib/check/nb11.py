@@ -146,16 +146,22 @@ def _first_unfinished(results: dict) -> int:
     return next(i for i, (case, _) in enumerate(RUNGS, 1) if case not in results)
 
 
-SECOND_11_1 = (
-    "Climb the ladder in order. Rung 2: each micro-step backpropagates its token-loss sum "
-    "divided by the tokens of the WHOLE global batch (times world_size, which DDP's average "
-    "undoes). Rung 4: no_sync() must wrap the forward and the backward of every micro-step "
-    "but the last. Rung 5: every rank calls every broadcast, rank 0 too. Rung 6: add up "
-    "token sums, all-reduce them, divide by the global token count. Rung 7: "
-    "sampler.set_epoch(epoch) before each epoch.")
+NUDGE_11_1 = (
+    "Climb one rung at a time. The report names the first rung that fails, and each rung is a "
+    "claim that a notebook checked: accumulation against one big batch (03), processes "
+    "against one process (07), DDP against ours (09). Which lines of the trainer does that "
+    "one claim depend on? Change only those, then run the checker again.")
+POINTER_11_1 = (
+    "Rungs 1 to 3: the loss that train_step backwards; notebook 03 (section 2.2 and exercise "
+    "3.2) and notebook 07 (section 4) say what each micro-step's loss is divided by, notebook "
+    "09 (section 1) what DDP's average over the ranks does to it. Rung 4: what the no_sync() "
+    "block holds (notebook 09, section 4). Rung 5: which ranks reach the broadcast in "
+    "same_start (notebook 05, section 3). Rung 6: the loss that train_step adds up and "
+    "returns (notebook 07, section 5). Rung 7: what the sampler needs before each epoch "
+    "(notebook 09, section 5).")
 
 
-@exercise("11.1", pointer=SECOND_11_1)
+@exercise("11.1", nudge=NUDGE_11_1, pointer=POINTER_11_1)
 def capstone_trainer(path: str = TRAINER_FILE, world_size: int = 2) -> None:
     """The learner's trainer, launched on ``world_size`` processes, against the ladder."""
     if _still_open(path):
@@ -198,20 +204,25 @@ def _waiting_rank(run) -> str:
             others = ", ".join(str(o.rank) for o in run.ranks if o.rank != r.rank)
             code = e['source'].split('#')[0].strip()
             return (f"rank {r.rank} waited at line {e['line']}, {code}, and rank "
-                    f"{others} never joined it: every rank of the group must call each "
-                    "collective, the sender too")
+                    f"{others} never joined it: a collective completes only when every rank "
+                    "of the group calls it")
     return ""
 
 
-SECOND_11_2 = (
-    "Memory: the activations grow with the micro-batch; ZeRO-1 cuts the optimizer state by "
-    "the number of processes. Time: a micro-step costs a fixed overhead plus a cost per "
-    "example, so fewer, larger micro-steps are cheaper; more processes share the examples. "
-    "Buckets: tiny ones pay the latency many times, one big one cannot overlap backward. "
-    "Try budget.step_ms and budget.memory_kib on a few plans before you pick.")
+NUDGE_11_2 = (
+    "The recipe fixes the global batch: processes x accumulation steps x micro-batch = 32. "
+    "Of the five choices, which ones buy time, and which one buys back the memory that the "
+    "faster plans cost?")
+POINTER_11_2 = (
+    "Section 4 of this notebook. Memory: the activations grow with the micro-batch; ZeRO-1 "
+    "keeps 1/N of the optimizer state on each process. Time: a micro-step costs a fixed "
+    "overhead plus a cost per example, so fewer, larger micro-steps are cheaper, and more "
+    "processes share the examples. Buckets: tiny ones pay the latency many times, one big one "
+    "cannot overlap backward. budget.memory_kib, budget.step_ms and budget.verdict judge a "
+    "plan before you hand it in.")
 
 
-@exercise("11.2", pointer=SECOND_11_2)
+@exercise("11.2", nudge=NUDGE_11_2, pointer=POINTER_11_2)
 def capstone_budget(my_plan, challenge: budget.Budget | None = None) -> None:
     """``my_plan()`` returns a ``budget.Plan``; it must keep the recipe and fit both caps."""
     challenge = challenge or budget.Budget()

@@ -47,16 +47,19 @@ def watching(functions: Iterable[Callable]):
         sys.setprofile(previous)
 
 
-def call_own(function: Callable, *args, library: Iterable[Callable], hint: str | None = None,
-             **kwargs):
-    """``call(function, *args, **kwargs)``; ``ExerciseError(hint)`` if it ran a ``library``
-    function. The default hint names the function and asks for the learner's own code."""
+def call_own(function: Callable, *args, library: Iterable[Callable],
+             hint: str | dict[Callable, str] | None = None, **kwargs):
+    """``call(function, *args, **kwargs)``; ``ExerciseError`` if it ran a ``library``
+    function. The hint is ``hint``, or ``hint[f]`` for the first library function ``f`` it
+    ran (a dict tells apart, say, autograd and the course's own version); by default it names
+    the function and asks for the learner's own code."""
     with watching(library) as entered:
         result = call(function, *args, **kwargs)
     if entered:
-        raise ExerciseError(hint or f"your code calls {short_name(entered[0])}, the course's "
-                                    "own version: the exercise is to write it yourself, so "
-                                    "leave that function out and work it out in your code")
+        own = hint.get(entered[0]) if isinstance(hint, dict) else hint
+        raise ExerciseError(own or f"your code calls {short_name(entered[0])}, the course's "
+                                   "own version: the exercise is to write it yourself, so "
+                                   "leave that function out and work it out in your code")
     return result
 
 
