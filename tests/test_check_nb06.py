@@ -1,21 +1,19 @@
 """Notebook 06's checkers: the reference answers pass, realistic wrong answers (a wrong kind of
 value, the course's own solution called, a wrong computation) get a short, pointed hint."""
 
+import itertools
+import math
+
 import pytest
 import torch
-from check_reports import shown_report
+from check_reports import hint_of
 
+from course_lib.check import nb06
+from course_lib.check.checker import ExerciseError
+from course_lib.check.mp import ring_cases
 from course_lib.check.nb06 import reduce_scatter_step, ring_bytes
 from course_lib.core.collectives import chunk_bounds
 from course_lib.lessons import network_sim, ring_viz
-
-
-def report_of(checker, answer, hint: str) -> str:
-    """What the learner sees for a wrong ``answer``: it names ``hint`` (and is short and free
-    of checker code: ``check_reports``)."""
-    shown = shown_report(checker, answer)
-    assert hint in shown, shown
-    return shown
 
 
 def reference_step(chunks, step):
@@ -73,7 +71,8 @@ def test_the_library_step_would_give_the_right_chunks():
     (library_step, "ring_viz.apply_step"),
 ])
 def test_reduce_scatter_step_wrong_answers(wrong, hint):
-    shown = report_of(reduce_scatter_step, wrong, hint)
+    shown = hint_of(reduce_scatter_step, wrong)  # short, free of checker code
+    assert hint in shown, shown
     assert "(r - s - 1)" not in shown and "(r - step - 1)" not in shown
 
 
@@ -117,13 +116,16 @@ def every_rank_alike(numel, n, size):
      "network_sim.simulate"),
 ])
 def test_ring_bytes_wrong_answers(wrong, hint):
-    shown = report_of(ring_bytes, wrong, hint)
-    assert "every chunk but" not in shown  # the rule is the second hint's, not the first's
+    shown = hint_of(ring_bytes, wrong)
+    assert hint in shown, shown
+    assert "every chunk but" not in shown  # which chunks a rank skips is the learner's to find
 
 
 def test_one_rank_sends_nothing():
-    report_of(ring_bytes, lambda numel, n, size: [2 * numel * size] * n if n == 1 else
-              reference_bytes(numel, n, size), "alone (world_size 1)")
+    def counts_alone_too(numel, n, size):
+        return [2 * numel * size] if n == 1 else reference_bytes(numel, n, size)
+
+    assert "alone (world_size 1)" in hint_of(ring_bytes, counts_alone_too)
 
 
 def test_not_done(capsys):
@@ -134,3 +136,61 @@ def test_not_done(capsys):
     ring_bytes(hole)
     out = capsys.readouterr().out
     assert "Exercise 6.1: not done yet" in out and "Exercise 6.2: not done yet" in out
+
+
+# ---- exercise 6.3's judgement of what one launch measured (no processes started) ----------
+
+def bytes_by_rank(numel: int, n: int, element_size: int, sizes: list[int], a: int) -> dict:
+    """What each rank of a right ring sends with chunks of ``sizes``, ranks finishing chunk
+    r - a + 1 (the course's ring: a = 1), as the tracer counts it."""
+    steps = (ring_viz.phase_steps(n, ring_viz.REDUCE_SCATTER, send=a)
+             + ring_viz.phase_steps(n, ring_viz.ALL_GATHER, send=a - 1))
+    return {r: {"numel": numel, "element_size": element_size,
+                "bytes_sent": sum(sizes[step.sends[r]] for step in steps) * element_size}
+            for r in range(n)}
+
+
+def chunk_sizes(numel: int, n: int) -> list[tuple[int, ...]]:
+    """Every cut of ``numel`` into N chunks of at most numel / N, rounded up, each (the
+    notebook's rule): the larger first or last, torch.chunk's when it gives N chunks..."""
+    largest = -(-numel // n)
+    return [sizes for sizes in itertools.product(range(largest + 1), repeat=n)
+            if sum(sizes) == numel]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_any_right_ring_sends_its_share_in_every_case_however_it_cuts(n):
+    for spec in ring_cases.case_specs(n, {}):
+        numel, size = math.prod(spec["shape"]), 4
+        for sizes in chunk_sizes(numel, n):
+            for a in range(n):
+                nb06.judge_ring_bytes(bytes_by_rank(numel, n, size, sizes, a), n)
+
+
+def bytes_hint(sent: list[int], numel: int = 12, size: int = 4) -> str:
+    by_rank = {r: {"numel": numel, "element_size": size, "bytes_sent": b}
+               for r, b in enumerate(sent)}
+    with pytest.raises(ExerciseError) as caught:
+        nb06.judge_ring_bytes(by_rank, len(sent))
+    return str(caught.value)
+
+
+def test_too_many_bytes_are_named_by_what_they_are():
+    assert bytes_hint([96, 96]).startswith("each rank sent 96 bytes for a 48-byte tensor: the "
+                                           "whole tensor in every step")
+    naive = bytes_hint([96, 48, 48])  # rank 0 sums and sends the sum to both others
+    assert naive.startswith("rank 0 sent 96 bytes for a 48-byte tensor on 3 ranks, more than "
+                            "a ring sends: 2(N-1)/N of the tensor, 64 bytes here, give or take "
+                            "one chunk (16 bytes)"), naive
+
+
+@pytest.mark.parametrize("found, words", [
+    ({"library": ["ring_all_reduce"]}, "calls the library's ring_all_reduce"),
+    ({"collectives": ["all_gather"]}, "calls dist.all_gather"),
+    ({"unwaited": [{"kind": "irecv", "peer": 1, "line": 16}]},
+     "rank 0 returned without waiting for its irecv from rank 1 (line 16)"),
+])
+def test_a_collective_a_library_call_or_an_open_handle_is_named(found, words):
+    with pytest.raises(ExerciseError) as caught:
+        nb06.judge_ring_calls(0, {"library": [], "collectives": [], "unwaited": [], **found})
+    assert words in str(caught.value)

@@ -8,6 +8,7 @@ import time
 
 import psutil
 import pytest
+from answer_edits import reference
 
 from course_lib.check import nb05
 from course_lib.check.checker import ExerciseError
@@ -28,7 +29,7 @@ def test_the_notebook_setup_makes_the_folder_that_writefile_cells_write_into(wor
 
 
 def test_a_pass_holds_only_for_the_file_that_passed(workspace):
-    path = workspace.put("my_ring", "my_ring.py")
+    path = workspace.put(reference("my_ring.py"), "my_ring.py")
     assert not has_passed("6.3", path)
     record_pass("6.3", path)
     assert has_passed("6.3", path)
@@ -41,7 +42,7 @@ def test_a_pass_holds_only_for_the_file_that_passed(workspace):
 def test_mine_or_library_prints_one_line_and_falls_back_until_the_exercise_passed(
         workspace, monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
-    path = workspace.put("my_ring", "my_ring.py")
+    path = workspace.put(reference("my_ring.py"), "my_ring.py")
     got = mine_or_library("my_ring", "ring_all_reduce", "6.3", library_function)
     assert got is library_function
     assert capsys.readouterr().out == ("using the library's ring_all_reduce: exercise 6.3 is "
@@ -54,7 +55,7 @@ def test_mine_or_library_prints_one_line_and_falls_back_until_the_exercise_passe
 
 def test_mine_or_library_is_quiet_on_other_ranks_and_notices_a_changed_file(
         workspace, monkeypatch, capsys):
-    path = workspace.put("my_ring", "my_ring.py")
+    path = workspace.put(reference("my_ring.py"), "my_ring.py")
     record_pass("6.3", path)
     with open(path, "a") as f:
         f.write("\n# changed after it passed\n")
@@ -74,7 +75,7 @@ def test_a_missing_file_says_which_cell_to_run(workspace):
 
 
 def test_a_file_without_the_function_names_it(workspace):
-    path = workspace.put("my_ring", "token_ring.py")
+    path = workspace.put(reference("my_ring.py"), "token_ring.py")
     with pytest.raises(ExerciseError, match="defines no function pass_token"):
         nb05.token_ring(path)
 
@@ -152,9 +153,10 @@ def test_a_learners_exception_shows_the_rank_file_and_line(workspace):
 @pytest.mark.slow
 def test_the_reference_ring_runs_unchanged_under_plain_torchrun(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    script = os.path.join(ROOT, "tests", "workspace_answers", "my_ring.py")
+    script = tmp_path / "my_ring.py"
+    script.write_text(reference("my_ring.py"))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node", "2", script], cwd=tmp_path, env=env,
+                           "--nproc_per_node", "2", str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     sums = [float((i + 0) + (i + 1)) for i in range(3)]  # x[i] = i + rank on ranks 0 and 1

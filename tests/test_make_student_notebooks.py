@@ -5,10 +5,10 @@ import json
 import os
 import sys
 import textwrap
-from pathlib import Path
 
 import nbformat
 import pytest
+from answer_edits import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))  # the script and the modules beside it
@@ -209,9 +209,8 @@ def instructors_checkout(tmp_path):
     nbs = tmp_path / "nbs"
     src = write_source(nbs, "99_test.ipynb", [code("print(1)")])
     (nbs / "workspace").mkdir()
-    answers = Path(ROOT) / "tests" / "workspace_answers"
     for name in ("token_ring", "my_ring", "my_dp_step", "my_hooks", "my_ddp_train", "my_zero"):
-        (nbs / "workspace" / f"{name}.py").write_text((answers / f"{name}.py").read_text())
+        (nbs / "workspace" / f"{name}.py").write_text(reference(f"{name}.py"))
     (nbs / "workspace" / ".passed.json").write_text('{"6.3": {"file": "my_ring.py"}}')
     (nbs / "pictures").mkdir()
     (nbs / "pictures" / "ring.svg").write_text("<svg/>")

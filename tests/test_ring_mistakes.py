@@ -1,10 +1,17 @@
-"""The ring simulator behind exercise 6.3's hints: right indices give the sum, and each known
-mistake is named from what it produces (no processes started)."""
+"""What exercise 6.3's hints know about wrong rings: right indices give the sum with either
+chunk cut, each known mistake is named from what it produces, and a call of a collective or
+of the library's ring is read from the file (no processes started)."""
 
 import pytest
 import torch
 
-from course_lib.check.mp.ring_mistakes import mistake_hint, name_mistake, simulate
+from course_lib.check.mp.ring_mistakes import (
+    cuts,
+    library_call,
+    mistake_hint,
+    name_mistake,
+    simulate,
+)
 
 
 def inputs(n: int, numel: int) -> list[torch.Tensor]:
@@ -13,20 +20,26 @@ def inputs(n: int, numel: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("n, numel", [(1, 3), (2, 12), (3, 11), (4, 3), (5, 17)])
-def test_every_right_convention_leaves_the_sum_on_every_rank(n, numel):
+def test_every_right_convention_leaves_the_sum_on_every_rank_with_either_cut(n, numel):
     xs = inputs(n, numel)
-    for a in range(n):
-        out = simulate(xs, (a, a + 1, a - 1, a))
-        assert all(torch.equal(o, sum(xs)) for o in out), a
-        assert name_mistake(xs, out) is None
+    for bounds in cuts(numel, n):
+        for a in range(n):
+            out = simulate(xs, (a, a + 1, a - 1, a), bounds=bounds)
+            assert all(torch.equal(o, sum(xs)) for o in out), (a, bounds)
+            assert name_mistake(xs, out) is None
+
+
+def test_the_two_cuts_put_the_larger_chunks_first_and_last():
+    assert cuts(11, 4) == [[(0, 3), (3, 6), (6, 9), (9, 11)], [(0, 2), (2, 5), (5, 8), (8, 11)]]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_each_known_mistake_is_named(n):
     xs = inputs(n, 12)
     assert name_mistake(xs, [sum(xs) / n] * n) == ("mean",)
-    assert name_mistake(xs, simulate(xs, (1, 2, 0, 1), gather=False)) == ("scatter_only",)
-    assert name_mistake(xs, simulate(xs, (1, 2, 0, 1), add=False)) == ("overwrite",)
+    assert name_mistake(xs, simulate(xs, gather=False)) == ("scatter_only",)
+    assert name_mistake(xs, simulate(xs, rs_adds=False)) == ("overwrite",)
+    assert name_mistake(xs, simulate(xs, ag_adds=True)) == ("gather_adds",)
     assert name_mistake(xs, simulate(xs, (0, 2, 0, 1)))[0] == "rs_pair"
     assert name_mistake(xs, simulate(xs, (1, 2, 1, 1)))[0] == "ag_pair"
     late = name_mistake(xs, simulate(xs, (1, 2, 1, 2)))  # all-gather one chunk late...
@@ -38,6 +51,49 @@ def test_each_known_mistake_is_named(n):
         assert "all-gather step 0 sends chunk (r - 2) % N" in mistake_hint(mistake, n)
 
 
+def test_a_mistake_is_named_with_the_larger_chunks_last_too():
+    xs = inputs(3, 11)
+    last = cuts(11, 3)[1]
+    assert name_mistake(xs, simulate(xs, rs_adds=False, bounds=last)) == ("overwrite",)
+    assert name_mistake(xs, simulate(xs, ag_adds=True, bounds=last)) == ("gather_adds",)
+
+
+def test_the_hints_name_the_learners_indices_not_the_right_ones():
+    hint = mistake_hint(("rs_pair", (0, 2, 0, 1)), 3)
+    assert hint.startswith("in the reduce-scatter, rank r sends chunk (r - s) % N but adds what "
+                           "arrives into chunk (r - s - 2) % N")
+    assert "(r - s - 1)" not in hint
+
+
 def test_a_message_that_does_not_fit_its_chunk_is_not_simulated():
     xs = inputs(3, 11)  # chunks of 4, 4 and 3 numbers
     assert simulate(xs, (0, 2, 0, 1)) is None
+
+
+CALLS = {
+    "import torch.distributed as dist\n": ("dist.all_reduce(t, group=group)", "dist.all_reduce"),
+    "import torch\n": ("torch.distributed.broadcast(t, 0)", "dist.broadcast"),
+    "from torch.distributed import all_reduce\n": ("all_reduce(t)", "dist.all_reduce"),
+    "from course_lib.core.collectives import ring_all_reduce as library_ring\n": (
+        "library_ring(t, group)", "the library's ring_all_reduce"),
+    "from course_lib.core import collectives\n": (
+        "collectives.naive_all_reduce(t, group)", "the library's naive_all_reduce"),
+}
+
+
+@pytest.mark.parametrize("imports", CALLS)
+def test_a_collective_or_the_library_called_in_the_function_is_read_from_the_file(
+        tmp_path, imports):
+    call, named = CALLS[imports]
+    path = tmp_path / "my_ring.py"
+    path.write_text(f"{imports}\n\ndef ring_all_reduce(t, group=None):\n    {call}\n")
+    assert library_call(str(path)) == f"{named} (line 5)"
+
+
+def test_the_same_calls_outside_the_function_are_its_own_business(tmp_path):
+    path = tmp_path / "my_ring.py"
+    path.write_text("import torch\nimport torch.distributed as dist\n\n\n"
+                    "def ring_all_reduce(t, group=None):\n"
+                    "    return torch.gather(t, 0, torch.zeros_like(t))  # a tensor method\n\n\n"
+                    "if __name__ == '__main__':\n    dist.all_reduce(torch.ones(1))\n")
+    assert library_call(str(path)) is None

@@ -34,6 +34,28 @@ def test_each_step_every_rank_sends_once_to_its_right():
             assert sorted(step.sends) == list(range(world))  # every chunk moves once per step
 
 
+def test_the_course_ring_is_one_of_the_rings_phase_steps_builds():
+    for world in (1, 2, 3, 5):
+        built = (ring_viz.phase_steps(world, ring_viz.REDUCE_SCATTER, send=1)
+                 + ring_viz.phase_steps(world, ring_viz.ALL_GATHER, send=0))
+        assert built == ring_viz.ring_schedule(world)
+
+
+def test_a_step_can_go_left_keep_elsewhere_and_take_or_add():
+    state = [["a0", "a1", "a2"], ["b0", "b1", "b2"], ["c0", "c1", "c2"]]
+    join = "{}+{}".format
+    right = ring_viz.phase_steps(3, ring_viz.REDUCE_SCATTER, send=1)[0]  # r sends chunk r - 1
+    assert ring_viz.apply_step(state, right, join) == [
+        ["a0", "a1+c1", "a2"], ["b0", "b1", "b2+a2"], ["c0+b0", "c1", "c2"]]
+    left = ring_viz.phase_steps(3, ring_viz.REDUCE_SCATTER, send=1, towards=-1, adds=False)[0]
+    assert ring_viz.apply_step(state, left, join) == [
+        ["b0", "a1", "a2"], ["b0", "c1", "b2"], ["c0", "c1", "a2"]]
+    elsewhere = ring_viz.phase_steps(3, ring_viz.ALL_GATHER, send=0, keep=0)[0]  # into my own
+    assert ring_viz.apply_step(state, elsewhere, join) == [
+        ["c2", "a1", "a2"], ["b0", "a0", "b2"], ["c0", "c1", "b1"]]
+    assert state[0] == ["a0", "a1", "a2"]  # the old state is left as it was
+
+
 @pytest.mark.parametrize("world, shape", [(2, (10,)), (3, (7,)), (4, (3, 3)), (5, (2,))])
 def test_simulation_sums_like_torch(world, shape):
     g = torch.Generator().manual_seed(world)
@@ -47,6 +69,14 @@ def test_simulation_sums_like_torch(world, shape):
         a, b = bounds[r]
         torch.testing.assert_close(mine[a:b], expected[a:b], rtol=1e-12, atol=1e-12)
     assert all(t.shape == shape for t in tensors)  # the inputs are untouched
+
+
+def test_simulation_with_the_larger_chunks_last_sums_too():
+    tensors = [torch.arange(7, dtype=torch.float64) * (r + 1) for r in range(3)]
+    last = [(0, 2), (2, 4), (4, 7)]  # 2, 2 and 3 numbers
+    snapshots = ring_viz.simulate_ring_all_reduce(tensors, last)
+    assert all(torch.equal(final, sum(tensors)) for final in snapshots[-1])
+    assert torch.equal(snapshots[2][0][0:2], sum(tensors)[0:2])  # rank 0 finished chunk 0
 
 
 def test_simulation_and_sets_agree():

@@ -11,22 +11,26 @@ from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
 from course_lib.check.own_work import call_own
-from course_lib.core.collectives import chunk_bounds
+from course_lib.core.collectives import REDUCE_SCATTER, chunk_bounds
 from course_lib.lessons import network_sim, ring_viz
 from course_lib.runtime.workspace import record_pass
 
-RS_SECOND_HINT = (
-    "Start from a copy of the lists, new = [list(row) for row in chunks], so that every rank "
-    "sends what it held before the step. Then for each rank r: find the chunk it sends in this "
-    "step (the exercise's text gives it) and its right-hand neighbour, and set the neighbour's "
-    "copy of that chunk in new to its own copy plus the sender's. Return new.")
+RS_NUDGE = (
+    "In one step every rank sends at the same moment, so a receiver adds what its left-hand "
+    "neighbour held before the step, not what it holds after. Read from the old state and "
+    "write a new one.")
+RS_POINTER = (
+    "Loop over the ranks r: the exercise's text gives the chunk rank r sends in this step and "
+    "the rank that receives it, whose copy of that chunk becomes its own copy plus the "
+    "sender's. Write into a fresh list of lists (a new list per rank, the same tensors) and "
+    "return it.")
 
 
 def random_chunks(world_size: int, numel: int, seed: int) -> list[list[torch.Tensor]]:
     """chunks[r][c]: rank r's copy of chunk c, chunk sizes as chunk_bounds cuts them."""
     g = torch.Generator().manual_seed(seed)
     flat = [torch.randn(numel, generator=g, dtype=torch.float64) for _ in range(world_size)]
-    return [[f[a:b].clone() for a, b in chunk_bounds(numel, world_size)] for f in flat]
+    return [ring_viz.split_chunks(f, chunk_bounds(numel, world_size)) for f in flat]
 
 
 def copy_chunks(chunks):
@@ -52,15 +56,12 @@ def check_shape(got, world_size: int) -> None:
             expect_type(chunk, torch.Tensor, what)
 
 
-def one_step(chunks, step: int, *, offset: int = 1, towards: int = 1, adds: bool = True):
-    """Reduce-scatter step ``step``: rank r sends chunk (r - step - offset) mod N to rank
+def one_step(chunks, step: int, *, send: int = 1, towards: int = 1, adds: bool = True):
+    """Reduce-scatter step ``step``: rank r sends chunk (r - step - send) mod N to rank
     (r + towards) mod N, which adds it (or, with ``adds=False``, takes it)."""
-    n = len(chunks)
-    new = [list(row) for row in chunks]
-    for r in range(n):
-        c, to = (r - step - offset) % n, (r + towards) % n
-        new[to][c] = chunks[to][c] + chunks[r][c] if adds else chunks[r][c].clone()
-    return new
+    ring_step = ring_viz.phase_steps(len(chunks), REDUCE_SCATTER, send, towards=towards,
+                                     adds=adds)[step]
+    return ring_viz.apply_step(chunks, ring_step, ring_viz.add)
 
 
 def name_step_mistake(state, got, step: int) -> None:
@@ -73,8 +74,8 @@ def name_step_mistake(state, got, step: int) -> None:
     expect(not same_chunks(got, one_step(state, step, towards=-1)),
            "the chunks went to the left-hand neighbour: in this ring every rank sends to the "
            "rank on its right")
-    for offset in (0, 2):
-        expect(not same_chunks(got, one_step(state, step, offset=offset)),
+    for send in (0, 2):
+        expect(not same_chunks(got, one_step(state, step, send=send)),
                f"in step {step} each rank sent a neighbouring chunk of the right one: check "
                "which chunk rank 0 sends in step 0, then how that moves from step to step")
     n = len(state)
@@ -84,7 +85,7 @@ def name_step_mistake(state, got, step: int) -> None:
 
 def check_one_step(step_fn, state, step: int):
     """Run the learner's step on a copy; return the right state, or raise with a hint."""
-    library = [ring_viz.apply_step, ring_viz.simulate_ring_all_reduce]
+    library = [ring_viz.apply_step, ring_viz.run_steps, ring_viz.simulate_ring_all_reduce]
     got = call_own(step_fn, copy_chunks(state), step, library=library)
     check_shape(got, len(state))
     expected = one_step(state, step)
@@ -93,7 +94,7 @@ def check_one_step(step_fn, state, step: int):
     return expected
 
 
-@exercise("6.1", pointer=RS_SECOND_HINT)
+@exercise("6.1", nudge=RS_NUDGE, pointer=RS_POINTER)
 def reduce_scatter_step(step_fn) -> None:
     """``step_fn(chunks, step)`` returns the state after reduce-scatter step ``step``."""
     for world_size, numel in ((2, 6), (3, 7), (4, 9), (5, 5)):
@@ -106,11 +107,15 @@ def reduce_scatter_step(step_fn) -> None:
                    f"after N-1 steps rank {r} should hold the full sum of chunk {r}")
 
 
-BYTES_SECOND_HINT = (
-    "Cut the tensor with chunk_bounds(numel, world_size) and list each chunk's size. In the "
-    "reduce-scatter rank r sends every chunk but one (its own, chunk r), in the all-gather "
-    "every chunk but one (chunk r + 1, mod N). Add up those sizes and multiply by "
-    "element_size. Alone (world_size 1) a rank sends nothing.")
+BYTES_NUDGE = (
+    "Every step a rank sends one chunk, N - 1 steps in each phase, so in each phase there is "
+    "one chunk it never sends. When N does not divide numel the chunks differ in size: add up "
+    "the sizes of the chunks a rank does send.")
+BYTES_POINTER = (
+    "chunk_bounds(numel, world_size) gives each chunk's (start, end). Section 2's step-by-step "
+    "table (ring_viz.describe_step) shows which chunk each rank sends in each step, so which "
+    "one it skips in the reduce-scatter and which in the all-gather. Bytes are elements times "
+    "element_size; alone, a rank sends nothing.")
 
 
 def _phase_bytes(sizes: list[int], skip: int, element_size: int) -> int:
@@ -137,7 +142,7 @@ def name_bytes_mistake(got: list[int], numel: int, world_size: int, element_size
                   "chunks rank r sends in each phase, and which ones it does not send")
 
 
-@exercise("6.2", pointer=BYTES_SECOND_HINT)
+@exercise("6.2", nudge=BYTES_NUDGE, pointer=BYTES_POINTER)
 def ring_bytes(count_fn) -> None:
     """``count_fn(numel, world_size, element_size)``: bytes each rank sends in the ring."""
     library = [ring_viz.bytes_sent_per_rank, network_sim.simulate]
@@ -158,67 +163,89 @@ def ring_bytes(count_fn) -> None:
 
 MY_RING_FILE = "workspace/my_ring.py"
 RING_CASES = "course_lib.check.mp.ring_cases"
-RING_STEPS = ("in reduce-scatter step s, rank r sends chunk (r - s - 1) % N to rank (r + 1) % N "
-              "and adds the chunk it receives into chunk (r - s - 2) % N; in all-gather step "
-              "s it sends chunk (r - s) % N and receives chunk (r - s - 1) % N")
+RING_NUDGE = (
+    "Cut the tensor into N chunks. In the reduce-scatter, every step each rank passes one chunk "
+    "to its right-hand neighbour and adds the chunk arriving from its left to its own copy: "
+    "after N - 1 steps each rank holds the full sum of one chunk. The all-gather passes those "
+    "finished chunks round the same ring, N - 1 steps more, each one taking the place of the "
+    "receiver's copy.")
+RING_POINTER = (
+    "In ring_all_reduce: rank and size come from the group (dist.get_rank, "
+    "dist.get_world_size); a flat view of the tensor (reshape) cut by torch.tensor_split gives "
+    "N chunks that write through to it. Each step starts dist.isend to the right-hand "
+    "neighbour and dist.irecv from the left-hand one, then waits on both handles; the "
+    "reduce-scatter receives into a buffer of its own (torch.empty_like) before adding. "
+    "Section 2's table (ring_viz.describe_step) gives the chunk of each step. If reshape had "
+    "to copy, the sum must go back into the caller's tensor.")
 RING_ADVICE = Advice(
-    all_send="Start each step's receive and send together with dist.irecv and dist.isend, "
-             "then wait on both.",
-    all_recv="Start each step's receive and send together with dist.irecv and dist.isend, "
-             "then wait on both.",
-    mismatch=f"Both ends of each message must agree: {RING_STEPS}.",
-    size="Sender and receiver must agree on the chunk of each step, cut the same way on every "
-         f"rank (torch.tensor_split(flat, N)): {RING_STEPS}.")
+    all_send="In a ring every rank sends and receives in each step, so each rank's receive "
+             "must already be under way while it waits for its send to complete.",
+    all_recv="In a ring every rank sends and receives in each step, so each rank's send must "
+             "already be under way while it waits for its receive.",
+    mismatch="Both ends of each message must agree: in every step each rank sends to its "
+             "right-hand neighbour and receives from its left-hand one.",
+    size="A receive buffer must match its message: either the two ranks meant different "
+         "chunks (or cut the tensor differently), or the buffer has another dtype than the "
+         "tensor (torch.empty and torch.zeros make float32 unless told otherwise).")
 
 
 def explain_ring_error(error: dict, text: str) -> str:
     if "out of range" in error["message"] and ".chunk(" in text:
-        return ("torch.chunk can return fewer than N chunks (2 numbers in 3 chunks gives 2); "
-                "torch.tensor_split(flat, N) always returns N, some of them empty.")
+        return ("torch.chunk can return fewer than N chunks (2 numbers in 3 chunks gives 2), "
+                "but the ring needs N chunks on every rank, some of them empty.")
     return ""
 
 
 def judge_ring_calls(rank: int, s: dict) -> None:
+    """No library all-reduce, no collective: the ring is made of point-to-point messages."""
     expect(not s["library"], f"ring_all_reduce calls the library's {(s['library'] or [''])[0]}"
                              ": the point is to write the ring yourself, from dist.isend and "
                              "dist.irecv")
     expect(not s["collectives"], f"ring_all_reduce calls dist.{(s['collectives'] or [''])[0]}"
-                                 ": build it from dist.isend and dist.irecv only (reduce-scatter"
-                                 ", then all-gather round the ring)")
+                                 ": build it from dist.isend and dist.irecv only (a "
+                                 "reduce-scatter, then an all-gather, round the ring)")
     for handle in s["unwaited"]:
         way = "to" if handle["kind"] == "isend" else "from"
         expect(False, f"rank {rank} returned without waiting for its {handle['kind']} {way} "
-                      f"rank {handle['peer']} (line {handle['line']}): wait on every handle "
-                      "before using the chunk or returning")
+                      f"rank {handle['peer']} (line {handle['line']}): until its handle is "
+                      "waited on, a message may not have arrived (or left) yet")
 
 
 def _values(by_rank: dict, key: str, n: int) -> list[torch.Tensor]:
     return [torch.tensor(by_rank[r][key], dtype=torch.float64) for r in range(n)]
 
 
+def _unchanged(spec: dict, by_rank: dict, rank: int) -> None:
+    """The caller's tensor came back as it went in, on every rank: say why."""
+    expect(not spec["transposed"],
+           "a non-contiguous tensor came back unchanged: flattening it (reshape, flatten or "
+           "contiguous) made a copy, and the sum stayed in that copy; ring_all_reduce works "
+           "in place, on the tensor it is given")
+    other = by_rank[rank]["returned_other"]
+    expect(other is None or other != by_rank[rank]["expected"],
+           "the sum is in the tensor you returned, not in the caller's tensor: "
+           "ring_all_reduce works in place, on the tensor it is given")
+    expect(False, "the caller's tensor is unchanged on every rank: ring_all_reduce must "
+                  "leave the sum in the tensor it is given, in place")
+
+
 def judge_ring_values(spec: dict, by_rank: dict, n: int) -> None:
+    """The sum on every rank, in the caller's tensor; a wrong one named by its mistake."""
     inputs, got = _values(by_rank, "input", n), _values(by_rank, "got", n)
     expected = _values(by_rank, "expected", n)
     wrong = [r for r in range(n) if not torch.equal(got[r], expected[r])]
     if not wrong:
         return
     if all(torch.equal(g, x) for g, x in zip(got, inputs, strict=True)):
-        expect(not spec["transposed"],
-               "a non-contiguous tensor came back unchanged: tensor.reshape(-1) (or "
-               ".contiguous()) made a copy; copy the result back into the caller's tensor "
-               "with tensor.copy_(flat.view(tensor.shape))")
-        other = by_rank[wrong[0]]["returned_other"]
-        expect(other is None or other != by_rank[wrong[0]]["expected"],
-               "the sum is in the tensor you returned, not in the caller's tensor: "
-               "ring_all_reduce works in place, on the tensor it is given")
-        expect(False, "the caller's tensor is unchanged on every rank: ring_all_reduce must "
-                      "leave the sum in the tensor it is given, in place")
+        _unchanged(spec, by_rank, wrong[0])
     mistake = ring_mistakes.name_mistake(inputs, got)
     if mistake:
         expect(False, ring_mistakes.mistake_hint(mistake, n))
     r = wrong[0]
     expect(False, f"rank {r} holds {_short(got[r])}, dist.all_reduce gives "
-                  f"{_short(expected[r])}: {RING_STEPS}")
+                  f"{_short(expected[r])}, and no mistake the checker knows gives these "
+                  "numbers: follow one chunk through the ring, which rank sends it in each "
+                  "step and into which chunk the receiver adds (or stores) it")
 
 
 def _short(values: torch.Tensor) -> str:
@@ -227,22 +254,25 @@ def _short(values: torch.Tensor) -> str:
 
 
 def judge_ring_bytes(by_rank: dict, n: int) -> None:
+    """Each rank sends 2(N-1)/N of the tensor, give or take one chunk, however it is cut."""
     numel, size = by_rank[0]["numel"], by_rank[0]["element_size"]
-    chunks = [end - start for start, end in chunk_bounds(numel, n)]
-    valid = [[(2 * numel - chunks[(r + k) % n] - chunks[(r + k + 1) % n]) * size * (n > 1)
-              for r in range(n)] for k in range(n)]
     sent = [by_rank[r]["bytes_sent"] for r in range(n)]
-    if sent in valid:
+    whole = 2 * (n - 1) * numel * size  # the whole tensor in each of the 2(N-1) steps
+    share = whole / n  # one chunk per step: the bandwidth-optimal share of any all-reduce
+    chunk = -(-numel // n) * size  # the largest chunk of an even cut: numel / N, rounded up
+    far = [r for r in range(n) if abs(sent[r] - share) > chunk]
+    if not far:
         return
-    whole = 2 * (n - 1) * numel * size
-    expect(not all(b >= whole for b in sent) or whole == 0,
-           f"each rank sent {sent[0]} bytes for a {numel * size}-byte tensor: every step sends "
-           "the whole tensor; send one chunk per step (torch.tensor_split(flat, N)), so that "
-           "a rank sends 2(N-1)/N of the tensor in all")
-    r = next(r for r in range(n) if sent[r] != valid[0][r])
-    expect(False, f"rank {r} sent {sent[r]} bytes; a ring sends one chunk per step, "
-                  f"2(N-1)/N of the tensor: {valid[0][r]} bytes here, with chunks cut as "
-                  "torch.tensor_split(flat, N) cuts them")
+    expect(not all(b >= whole for b in sent),
+           f"each rank sent {sent[0]} bytes for a {numel * size}-byte tensor: the whole "
+           "tensor in every step. A ring step sends one chunk, so that each rank sends "
+           "2(N-1)/N of the tensor in all")
+    r = far[0]
+    expect(False, f"rank {r} sent {sent[r]} bytes for a {numel * size}-byte tensor on {n} "
+                  f"ranks, {'more' if sent[r] > share else 'less'} than a ring sends: "
+                  f"2(N-1)/N of the tensor, {share:g} bytes here, give or take one chunk "
+                  f"({chunk} bytes), however the chunks are cut. In a ring every rank sends "
+                  "one chunk per step, N - 1 steps in each phase")
 
 
 def judge_ring_case(summary: dict, by_rank: dict, run) -> None:
@@ -254,10 +284,14 @@ def judge_ring_case(summary: dict, by_rank: dict, run) -> None:
     judge_ring_bytes(by_rank, n)
 
 
-@exercise("6.3")
+@exercise("6.3", nudge=RING_NUDGE, pointer=RING_POINTER)
 def my_ring(path: str = MY_RING_FILE, world_sizes=WORLD_SIZES) -> None:
-    """``ring_all_reduce(tensor, group=None)`` in the learner's file: in place, the SUM."""
+    """``ring_all_reduce(tensor, group=None)`` in the learner's file: in place, the SUM, from
+    point-to-point messages, each rank sending about 2(N-1)/N of the tensor."""
     learner = find_learner_file(path, ("ring_all_reduce",))
+    used = ring_mistakes.library_call(path)
+    expect(used is None, f"ring_all_reduce calls {used}: the point is to write the ring "
+                         "yourself, from dist.isend and dist.irecv")
     check_file(learner, RING_CASES, {}, world_sizes, RING_ADVICE, judge_ring_case,
                explain_ring_error)
     record_pass("6.3", path)

@@ -10,7 +10,9 @@ in reduce-scatter step s rank r sends chunk (r - s - 1) mod N to rank r + 1, whi
 its own copy; in all-gather step s rank r sends chunk (r - s) mod N, which overwrites the copy
 of rank r + 1. After N - 1 steps rank r holds the full sum of chunk r; after 2(N - 1) every rank
 holds every chunk. ``course_lib.demos.ring_trace`` records a real run and checks it against
-``ring_states``.
+``ring_states``. ``phase_steps`` also builds wrong rings (another chunk, the other direction,
+a receiver that takes instead of adding), and ``run_steps`` is the one simulation of a ring
+that the checkers of exercises 6.1 and 6.3 use to name a learner's mistake.
 """
 
 from __future__ import annotations
@@ -25,11 +27,22 @@ from course_lib.core.collectives import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
 
 @dataclass(frozen=True)
 class RingStep:
-    """One step of the ring: every rank sends one chunk to its right-hand neighbour."""
+    """One step of the ring: every rank sends one chunk to a neighbour at once.
 
-    phase: str  # REDUCE_SCATTER (the receiver adds) or ALL_GATHER (the receiver copies)
+    The right ring sends to the right (``towards`` 1), the receiver puts the chunk where the
+    sender took it from (``keeps`` None) and adds it in the reduce-scatter only (``adds``
+    None). The other values describe a wrong ring, for the checkers' simulations.
+    """
+
+    phase: str  # REDUCE_SCATTER or ALL_GATHER
     index: int  # step within its phase, 0 .. N - 2
-    sends: tuple[int, ...]  # sends[r]: the chunk rank r sends to rank (r + 1) mod N
+    sends: tuple[int, ...]  # sends[r]: the chunk rank r sends to rank (r + towards) mod N
+    keeps: tuple[int, ...] | None = None  # keeps[r]: the chunk rank r puts what it receives in
+    towards: int = 1  # 1: to the right-hand neighbour, -1: to the left-hand one
+    adds: bool | None = None  # the receiver adds (True) or takes (False) the incoming chunk
+
+    def receiver_adds(self) -> bool:
+        return self.phase == REDUCE_SCATTER if self.adds is None else self.adds
 
 
 def _check_world(world_size: int) -> None:
@@ -45,31 +58,55 @@ def ring_schedule(world_size: int) -> list[RingStep]:
             for phase in (REDUCE_SCATTER, ALL_GATHER) for s in range(world_size - 1)]
 
 
+def phase_steps(world_size: int, phase: str, send: int, keep: int | None = None,
+                towards: int = 1, adds: bool | None = None) -> list[RingStep]:
+    """The N - 1 steps of one phase of any ring, right or wrong: at step s rank r sends chunk
+    (r - s - send) mod N and puts what it receives in chunk (r - s - keep) mod N (None: the
+    chunk the sender sent). ``ring_schedule`` is send 1, then send 0."""
+    n = world_size
+
+    def chunks(offset: int, s: int) -> tuple[int, ...]:
+        return tuple((r - s - offset) % n for r in range(n))
+
+    return [RingStep(phase, s, chunks(send, s), None if keep is None else chunks(keep, s),
+                     towards, adds) for s in range(n - 1)]
+
+
 def apply_step(state: list[list], step: RingStep, combine) -> list[list]:
     """The state after ``step``: every send happens at once (a receiver sees the old value).
 
-    ``combine(mine, incoming)`` adds (reduce-scatter); all-gather takes the incoming value.
+    ``combine(mine, incoming)`` where the receiver adds (reduce-scatter); otherwise it takes
+    the incoming value.
     """
     n = len(state)
     new = [list(row) for row in state]
     for rank, chunk in enumerate(step.sends):
-        receiver = (rank + 1) % n
+        receiver = (rank + step.towards) % n
+        into = chunk if step.keeps is None else step.keeps[receiver]
         incoming = state[rank][chunk]  # what the sender held before this step
-        if step.phase == REDUCE_SCATTER:
-            new[receiver][chunk] = combine(state[receiver][chunk], incoming)
-        else:
-            new[receiver][chunk] = incoming
+        new[receiver][into] = (combine(state[receiver][into], incoming)
+                               if step.receiver_adds() else incoming)
     return new
+
+
+def run_steps(state: list[list], steps: list[RingStep], combine) -> list[list[list]]:
+    """``[state, after step 1, after step 2, ...]``: the one simulation of the ring that the
+    pictures, the notebook's trace and the checkers of exercises 6.1 and 6.3 all use."""
+    states = [state]
+    for step in steps:
+        states.append(apply_step(states[-1], step, combine))
+    return states
+
+
+def add(mine, incoming):
+    """The reduce-scatter's combine: the receiver's copy plus what arrives."""
+    return mine + incoming
 
 
 def ring_states(world_size: int) -> list[list[list[frozenset]]]:
     """``states[t][rank][chunk]``: the ranks whose numbers are summed in, after t steps."""
-    state = [[frozenset([r]) for _ in range(world_size)] for r in range(world_size)]
-    states = [state]
-    for step in ring_schedule(world_size):
-        state = apply_step(state, step, lambda mine, incoming: mine | incoming)
-        states.append(state)
-    return states
+    start = [[frozenset([r]) for _ in range(world_size)] for r in range(world_size)]
+    return run_steps(start, ring_schedule(world_size), lambda mine, incoming: mine | incoming)
 
 
 def as_masks(state: list[list[frozenset]]) -> list[list[int]]:
@@ -78,20 +115,25 @@ def as_masks(state: list[list[frozenset]]) -> list[list[int]]:
     return [[sum(1 << r for r in cell) for cell in row] for row in state]
 
 
-def simulate_ring_all_reduce(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+def split_chunks(flat: torch.Tensor, bounds: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """Copies of ``flat[start:end]`` for each (start, end) of ``bounds``."""
+    return [flat[a:b].clone() for a, b in bounds]
+
+
+def simulate_ring_all_reduce(tensors: list[torch.Tensor],
+                             bounds: list[tuple[int, int]] | None = None
+                             ) -> list[list[torch.Tensor]]:
     """The ring on N tensors in one process: ``result[t][rank]`` is rank's tensor after t steps.
 
-    The chunks are ``chunk_bounds(numel, N)`` of each flat tensor; nothing is modified.
+    The chunks are ``bounds`` of each flat tensor (``chunk_bounds(numel, N)`` if None);
+    nothing is modified.
     """
     n = len(tensors)
-    flat = [t.detach().reshape(-1).clone() for t in tensors]  # N x (numel,)
-    bounds = chunk_bounds(flat[0].numel(), n)
-    state = [[f[a:b].clone() for a, b in bounds] for f in flat]  # N x N chunks
-    snapshots = [[torch.cat(row) for row in state]]
-    for step in ring_schedule(n):
-        state = apply_step(state, step, lambda mine, incoming: mine + incoming)
-        snapshots.append([torch.cat(row) for row in state])
-    return snapshots
+    flat = [t.detach().reshape(-1) for t in tensors]  # N x (numel,)
+    bounds = chunk_bounds(flat[0].numel(), n) if bounds is None else bounds
+    start = [split_chunks(f, bounds) for f in flat]  # N x N chunks
+    states = run_steps(start, ring_schedule(n), add)
+    return [[torch.cat(row) for row in state] for state in states]
 
 
 def bytes_sent_per_rank(numel: int, world_size: int, element_size: int = 4) -> list[int]:

@@ -4,8 +4,10 @@ Each case gives every rank its own tensor and calls the learner's ``ring_all_red
 group)`` on it; the checker compares the caller's tensor afterwards with ``dist.all_reduce``
 of the same inputs (run first, by the checker, outside the tracer). Inputs are whole numbers
 from 1 to 99, so every sum is exact in any order and a wrong answer can be matched exactly
-against what a known mistake would produce. On 2 processes a last case passes a group of one
-process (rank 0 alone); the other cases pass ``group=None``, the default group.
+against what a known mistake would produce. The tracer counts the bytes each rank sends, for
+the checker's rule: 2(N-1)/N of the tensor, give or take one chunk. On 2 processes a last case
+passes a group of one process (rank 0 alone); the other cases pass ``group=None``, the default
+group.
 """
 
 from __future__ import annotations

@@ -1,49 +1,74 @@
-"""What known mistakes in a ring all-reduce produce, so that a wrong answer can be named.
+"""What known mistakes in a ring all-reduce produce, so that exercise 6.3 can name them.
 
-``simulate`` runs the ring on every rank's input at once, with the chunk indices as
-parameters: in reduce-scatter step s rank r sends chunk (r - s - rs_send) and combines the
-incoming chunk into chunk (r - s - rs_recv); in all-gather step s it sends chunk
-(r - s - ag_send) and stores the incoming chunk in chunk (r - s - ag_recv) (all mod N, chunks
-cut by ``chunk_bounds``). The course's ring uses (1, 2, 0, 1); any (a, a+1, a-1, a) is right.
-``name_mistake`` compares the learner's results with known mistakes: the mean instead of the
-sum, no all-gather, replacing instead of adding, and every wrong set of chunk indices.
+``simulate`` runs a ring, right or wrong, on every rank's input at once, with
+``ring_viz.run_steps`` (the course's one simulation of the ring). Its chunk indices are
+parameters: in reduce-scatter step s rank r sends chunk (r - s - rs_send) and adds what
+arrives into chunk (r - s - rs_keep); in all-gather step s it sends chunk (r - s - ag_send)
+and stores what arrives in chunk (r - s - ag_keep), all mod N. The course's ring uses
+(1, 2, 0, 1); any (a, a + 1, a - 1, a) is right. ``name_mistake`` compares a learner's
+results with the mean, a ring without its all-gather, one whose receivers replace where they
+should add (or add where they should replace), and every wrong set of indices, with the
+chunks cut the larger first (``torch.tensor_split``, ``chunk_bounds``) or the larger last.
+``library_call`` reads, before any launch, whether ``ring_all_reduce`` calls a collective or
+the library's own all-reduce (the tracer still catches a call made by way of a helper).
 """
 
 from __future__ import annotations
 
+import ast
 import itertools
 
 import torch
 
-from course_lib.core.collectives import chunk_bounds
+from course_lib.check.mp.tracer import COLLECTIVES, LIBRARY
+from course_lib.core.collectives import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
+from course_lib.lessons import ring_viz
+
+COURSE = (1, 2, 0, 1)  # (rs_send, rs_keep, ag_send, ag_keep) of the course's ring
 
 
-def simulate(inputs: list[torch.Tensor], offsets: tuple[int, int, int, int],
-             add: bool = True, gather: bool = True) -> list[torch.Tensor] | None:
-    """Every rank's flat tensor after the ring; None when a message would not fit its chunk."""
+class _DoesNotFit(Exception):
+    """A message bigger or smaller than the chunk it is received into."""
+
+
+def _add_fitting(mine: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:
+    if mine.shape != incoming.shape:  # a real run fails here, it does not broadcast
+        raise _DoesNotFit
+    return mine + incoming
+
+
+def cuts(numel: int, n: int) -> list[list[tuple[int, int]]]:
+    """The chunk cuts a learner's ring may use: the larger chunks first, or last."""
+    first = chunk_bounds(numel, n)
+    sizes = [end - start for start, end in reversed(first)]
+    ends = list(itertools.accumulate(sizes))
+    return [first, [(end - size, end) for size, end in zip(sizes, ends, strict=True)]]
+
+
+def simulate(inputs: list[torch.Tensor], offsets=COURSE, *, rs_adds: bool = True,
+             ag_adds: bool = False, gather: bool = True,
+             bounds: list[tuple[int, int]] | None = None) -> list[torch.Tensor] | None:
+    """Every rank's flat tensor after the ring; None when a message would not fit its chunk.
+    ``inputs``: every rank's flat tensor; ``bounds``: the chunks (``chunk_bounds`` if None)."""
     n = len(inputs)
-    bounds = chunk_bounds(inputs[0].numel(), n)
-    state = [x.clone() for x in inputs]
-
-    def chunk(r: int, c: int) -> torch.Tensor:
-        start, end = bounds[c % n]
-        return state[r][start:end]
-
-    phases = [(offsets[0], offsets[1], add)] + ([(offsets[2], offsets[3], False)] if gather
-                                                 else [])
-    for send, recv, combine in phases:
-        for step in range(n - 1):
-            outgoing = [chunk(r, r - step - send).clone() for r in range(n)]  # as sent
-            for r in range(n):
-                target, incoming = chunk(r, r - step - recv), outgoing[(r - 1) % n]
-                if target.numel() != incoming.numel():
-                    return None
-                target.copy_(target + incoming if combine else incoming)
-    return state
+    bounds = chunk_bounds(inputs[0].numel(), n) if bounds is None else bounds
+    rs_send, rs_keep, ag_send, ag_keep = offsets
+    steps = ring_viz.phase_steps(n, REDUCE_SCATTER, rs_send, rs_keep, adds=rs_adds)
+    if gather:
+        steps += ring_viz.phase_steps(n, ALL_GATHER, ag_send, ag_keep, adds=ag_adds)
+    try:
+        states = ring_viz.run_steps([ring_viz.split_chunks(x, bounds) for x in inputs], steps,
+                                    _add_fitting)
+    except _DoesNotFit:
+        return None
+    sizes = [end - start for start, end in bounds]
+    if any(chunk.numel() != sizes[c] for row in states[-1] for c, chunk in enumerate(row)):
+        return None  # a message replaced a chunk of another size
+    return [torch.cat(row) for row in states[-1]]
 
 
-def _right(a: int) -> list[int]:
-    return [a, a + 1, a - 1, a]
+def _right(a: int) -> tuple[int, int, int, int]:
+    return (a, a + 1, a - 1, a)
 
 
 def _is_right(offsets, n: int) -> bool:
@@ -63,20 +88,41 @@ def formula(offset: int, n: int, step: bool = True) -> str:
 
 
 def _wrong_indices(n: int) -> list[tuple[int, ...]]:
-    """Every wrong set of the four offsets, those nearest the course's (1, 2, 0, 1) first."""
-    course = _right(1)
+    """Every wrong set of the four offsets, those nearest the course's first."""
     every = itertools.product(range(n), repeat=4)
     wrong = [o for o in every if not _is_right(o, n)]
 
     def distance(offsets) -> int:  # how many of the four indices differ from the course's
-        return sum((a - b) % n != 0 for a, b in zip(offsets, course, strict=True))
+        return sum((a - b) % n != 0 for a, b in zip(offsets, COURSE, strict=True))
 
     return sorted(wrong, key=distance)
 
 
+def _named_by_phase(inputs, got, bounds) -> tuple | None:
+    """A right ring but for one phase: no all-gather, or a receiver that adds or replaces
+    where it should not."""
+    for a in range(len(inputs)):
+        for kind, how in (("scatter_only", {"gather": False}), ("overwrite", {"rs_adds": False}),
+                          ("gather_adds", {"ag_adds": True})):
+            if _same(got, simulate(inputs, _right(a), bounds=bounds, **how)):
+                return (kind,)
+    return None
+
+
+def _named_by_indices(inputs, got, bounds) -> tuple | None:
+    n = len(inputs)
+    for offsets in _wrong_indices(n):
+        if _same(got, simulate(inputs, offsets, bounds=bounds)):
+            rs_send, rs_keep, ag_send, ag_keep = offsets
+            if (rs_keep - rs_send) % n != 1:
+                return ("rs_pair", offsets)
+            return ("ag_pair" if (ag_keep - ag_send) % n != 1 else "ag_start", offsets)
+    return None
+
+
 def name_mistake(inputs: list[torch.Tensor], got: list[torch.Tensor]) -> tuple | None:
-    """("mean",), ("scatter_only",), ("overwrite",) or (kind, offsets) with kind one of
-    rs_pair, ag_pair, ag_start; None when no known mistake gives ``got``.
+    """("mean",), ("scatter_only",), ("overwrite",), ("gather_adds",) or (kind, offsets) with
+    kind one of rs_pair, ag_pair, ag_start; None when no known mistake gives ``got``.
 
     ``inputs`` and ``got``: every rank's flat tensor, as float64.
     """
@@ -85,47 +131,82 @@ def name_mistake(inputs: list[torch.Tensor], got: list[torch.Tensor]) -> tuple |
         return None  # no mistake: every rank holds the sum
     if n > 1 and all(torch.allclose(g * n, total) for g in got):
         return ("mean",)
-    for a in range(n):
-        if _same(got, simulate(inputs, _right(a), gather=False)):
-            return ("scatter_only",)
-        if _same(got, simulate(inputs, _right(a), add=False)):
-            return ("overwrite",)
-    for offsets in _wrong_indices(n):
-        if _same(got, simulate(inputs, offsets)):
-            rs_send, rs_recv, ag_send, ag_recv = offsets
-            if (rs_recv - rs_send) % n != 1:
-                return ("rs_pair", offsets)
-            return ("ag_pair" if (ag_recv - ag_send) % n != 1 else "ag_start", offsets)
+    for finder in (_named_by_phase, _named_by_indices):
+        for bounds in cuts(inputs[0].numel(), n):
+            found = finder(inputs, got, bounds)
+            if found:
+                return found
     return None
 
 
+PHASE_HINTS = {
+    "mean": "every rank holds the sum divided by N, the mean: ring_all_reduce must leave the "
+            "SUM, as dist.all_reduce does (a data-parallel step divides by N itself, later)",
+    "scatter_only": "each rank holds the full sum in one chunk only: the reduce-scatter is "
+                    "done, but not the all-gather, which passes every finished chunk once round "
+                    "the ring so that each rank ends with all of them",
+    # an all-gather one chunk late gives the very same numbers: name both
+    "overwrite": "each chunk of the result is one rank's own numbers, not a sum. Either the "
+                 "reduce-scatter replaces its chunk with the incoming one instead of adding to "
+                 "it, or the all-gather starts one chunk late, from a chunk the reduce-scatter "
+                 "never added to",
+    "gather_adds": "every chunk holds more than the sum: the all-gather adds what arrives to the "
+                   "receiver's copy, but what arrives is already the full sum of that chunk, "
+                   "so the receiver's partial sum is counted twice",
+}
+
+
 def mistake_hint(mistake: tuple, n: int) -> str:
-    """The hint for a mistake found by ``name_mistake``."""
+    """The hint for a mistake found by ``name_mistake``: what the ring did, not the fix."""
     kind = mistake[0]
-    if kind == "mean":
-        return ("every rank holds the sum divided by N, the mean: ring_all_reduce must leave "
-                "the SUM (a data-parallel step divides by N itself, later)")
-    if kind == "scatter_only":
-        return ("each rank holds the full sum in one chunk only: the reduce-scatter is done, "
-                "but not the all-gather, which passes every finished chunk once round the ring "
-                "so that each rank ends with all of them")
-    if kind == "overwrite":  # an all-gather one chunk late gives the very same numbers
-        return ("each chunk of the result is one rank's own numbers, not a sum. Either the "
-                "reduce-scatter replaces its chunk with the incoming one (add it: +=), or the "
-                "all-gather starts one chunk late, from a chunk the reduce-scatter never added "
-                "to (all-gather step s sends chunk (r - s) % N, the one rank r finished)")
-    send, recv, ag_send, ag_recv = mistake[1]
+    if kind in PHASE_HINTS:
+        return PHASE_HINTS[kind]
+    send, keep, ag_send, ag_keep = mistake[1]
     if kind == "rs_pair":
         return (f"in the reduce-scatter, rank r sends chunk {formula(send, n)} but adds what "
-                f"arrives into chunk {formula(recv, n)}: that is not the chunk its left "
-                "neighbour sent. At step s rank r sends chunk (r - s - 1) % N and adds the "
-                "incoming one into chunk (r - s - 2) % N, the left neighbour's r - s - 1")
+                f"arrives into chunk {formula(keep, n)}: that is not the chunk its left "
+                "neighbour sent in the same step, so partial sums of different chunks are "
+                "added together")
     if kind == "ag_pair":
         return (f"in the all-gather, rank r sends chunk {formula(ag_send, n)} but stores what "
-                f"arrives in chunk {formula(ag_recv, n)}: that is not the chunk its left "
-                "neighbour sent. At step s rank r sends chunk (r - s) % N and stores the "
-                "incoming one in chunk (r - s - 1) % N")
+                f"arrives in chunk {formula(ag_keep, n)}: that is not the chunk its left "
+                "neighbour sent in the same step")
     return (f"the all-gather starts from a chunk the reduce-scatter did not finish: your "
             f"reduce-scatter leaves the full sum of chunk {formula(send - 1, n, step=False)} "
-            f"on rank r, but all-gather step 0 sends chunk {formula(ag_send, n, step=False)}. "
-            "Step s of the all-gather must send the chunk finished s steps earlier")
+            f"on rank r, but all-gather step 0 sends chunk {formula(ag_send, n, step=False)}, "
+            "which holds only a partial sum")
+
+
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    """{local name: the full name it stands for}: dist -> torch.distributed, ..."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:  # import torch.distributed as dist; import torch
+                local = a.asname or a.name.split(".")[0]
+                names[local] = a.name if a.asname else local
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    return names
+
+
+def library_call(path: str, function: str = "ring_all_reduce") -> str | None:
+    """"dist.all_reduce (line 12)", "the library's ring_all_reduce (line 9)"...: the first
+    collective or library all-reduce that ``function``'s own code in the file at ``path``
+    calls; None if none."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names = _imported_names(tree)
+    for node in tree.body:
+        if not (isinstance(node, ast.FunctionDef) and node.name == function):
+            continue
+        for call in (c for c in ast.walk(node) if isinstance(c, ast.Call)):
+            written = ast.unparse(call.func)
+            head, _, rest = written.partition(".")
+            full = ".".join(filter(None, [names.get(head, head), rest]))
+            last = full.rsplit(".", 1)[-1]
+            if full.startswith("torch.distributed.") and last in COLLECTIVES:
+                return f"dist.{last} (line {call.lineno})"
+            if full.startswith("course_lib.") and last in LIBRARY:
+                return f"the library's {last} (line {call.lineno})"
+    return None
