@@ -146,7 +146,7 @@ def train_sharded(w, shard, optimizer: str, dtype, wrap_root: bool = True) -> di
         losses.append(loss.item())
     params = ({n: p.full_tensor() for n, p in model.named_parameters()} if theirs
               else full_state_dict(model))
-    return {"losses": losses, "params": params}
+    return {"losses": losses, "params": params, "sent": 0 if theirs else bytes_sent(model)}
 
 
 def train_unsharded(w, optimizer: str) -> dict:
@@ -174,8 +174,10 @@ def fully_shard_checks(w) -> dict:
     vs_unsharded["sgd root unwrapped"] = differences(
         train_sharded(w, fully_shard, "sgd", None, wrap_root=False), unsharded["sgd"])
     prefetched = train_sharded(w, prefetch.fully_shard, *CASES["adamw bf16"])
+    same_bytes = prefetched["sent"] == ours["adamw bf16"]["sent"]  # no gather wasted
     return {"vs_torch": vs_torch, "vs_unsharded": vs_unsharded,
-            "prefetch": differences(prefetched, ours["adamw bf16"])}
+            "prefetch": {**differences(prefetched, ours["adamw bf16"]),
+                         "same_bytes": everywhere(same_bytes)}}
 
 
 def zero2_checks(w) -> dict:
