@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import importlib
 import textwrap
+from pathlib import Path
 
 from course_lib.check.checker import LADDERS
 from course_lib.check.reference import exercise_number
 
 ASKED: dict[str, int] = {}  # exercise id -> how many hints this kernel gave
+
+
+def _checker_modules(notebook: int) -> list[str]:
+    """The checker modules of notebook ``notebook``: ``course_lib.check.nb06``, ``...nb06b``."""
+    folder = Path(__file__).resolve().parent
+    return [f"course_lib.check.{path.stem}"
+            for path in sorted(folder.glob(f"nb{notebook:02d}*.py"))]
 
 
 def _notebook_exercises(notebook: int) -> list[str]:
@@ -30,13 +38,9 @@ def _notebook_exercises(notebook: int) -> list[str]:
 def _known(exercise_id: str) -> str | None:
     """None when ``exercise_id`` has a checker; else the sentence that says it has none."""
     notebook = int(exercise_id.split(".")[0])
-    if exercise_id not in LADDERS:
-        module = f"course_lib.check.nb{notebook:02d}"
-        try:
+    if exercise_id not in LADDERS:  # nb10.py, and nb10b.py for a notebook 10b, ...
+        for module in _checker_modules(notebook):
             importlib.import_module(module)
-        except ModuleNotFoundError as error:
-            if error.name != module:
-                raise  # the module exists but something it imports is missing
     if exercise_id in LADDERS:
         return None
     known = _notebook_exercises(notebook)

@@ -43,7 +43,7 @@ def reference_answer(exercise_id: str) -> str | None:
     """The course's answer to ``exercise_id``: the function (or the whole file) its solution
     blocks sit in, markers removed; None when no notebook has that exercise."""
     notebook = int(exercise_id.split(".")[0])
-    for path in sorted(NOTEBOOKS.glob(f"{notebook:02d}_*.ipynb")):
+    for path in sorted(NOTEBOOKS.glob(f"{notebook:02d}*_*.ipynb")):  # 06 and 06b, ...
         nb = nbformat.read(path, as_version=4)
         blocks = [b for b in make_student_copy(nb, path.name).blocks
                   if b.exercise_id == exercise_id]
