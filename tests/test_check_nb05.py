@@ -4,18 +4,12 @@ value, the course's own solution called, a wrong computation) get a short, point
 import pytest
 from check_reports import shown_report
 
-from course_lib.check.checker import LADDERS
+from course_lib.check import nb05
+from course_lib.check.checker import LADDERS, ExerciseError
+from course_lib.check.mp import token_ring_cases
 from course_lib.check.nb05 import reduce_scatter_by_hand, two_point_fit
-from course_lib.demos.collectives_tour import expected_after
 from course_lib.lessons import cost_model
-
-
-def report_of(checker, answer, hint: str) -> str:
-    """What the learner sees for a wrong ``answer``: it names ``hint`` (and is short and free
-    of checker code: ``check_reports``)."""
-    shown = shown_report(checker, answer)
-    assert hint in shown, shown
-    return shown
+from course_lib.lessons.collective_definitions import expected_after
 
 
 def reference_reduce_scatter(before):
@@ -43,16 +37,17 @@ def column_sums(before):
     (lambda before: column_sums(before), "your code returned the float"),  # no inner lists
     (lambda before: {r: [s] for r, s in enumerate(column_sums(before))},
      "your code returned a dict"),
-    (lambda before: expected_after("reduce_scatter", before), "collectives_tour.expected_after"),
+    (lambda before: expected_after("reduce_scatter", before),
+     "collective_definitions.expected_after"),
 ])
 def test_reduce_scatter_wrong_answers(wrong, hint):
-    report_of(reduce_scatter_by_hand, wrong, hint)
+    shown = shown_report(reduce_scatter_by_hand, wrong)
+    assert hint in shown, shown
 
 
 def test_reduce_scatter_hints_do_not_give_the_answer_away():
-    shown = report_of(reduce_scatter_by_hand, lambda before: [[0.0] for _ in before],
-                      "expected")
-    assert "sum over ranks of chunk r" not in shown
+    shown = shown_report(reduce_scatter_by_hand, lambda before: [[0.0] for _ in before])
+    assert "expected" in shown and "sum over ranks of chunk r" not in shown
     assert "column r" in LADDERS["5.1"].pointer
 
 
@@ -97,5 +92,59 @@ def test_two_point_fit_reference(capsys):
     (library_fit, "cost_model.fit_alpha_beta"),
 ])
 def test_two_point_fit_wrong_answers(wrong, hint):
-    shown = report_of(two_point_fit, wrong, hint)
+    shown = shown_report(two_point_fit, wrong)
+    assert hint in shown, shown
     assert "(t2 - t1) / (n2 - n1)" not in shown and "t1 - beta" not in shown
+
+
+def test_the_token_rings_hints_ask_about_the_order_without_giving_it():
+    """The deadlock of every rank sending first is the point of exercise 5.3: the ladder may
+    ask what would happen if not every rank sent first, and say where to look, no more."""
+    nudge, pointer = LADDERS["5.3"].nudge, LADDERS["5.3"].pointer
+    assert "What if not every rank sent first?" in nudge
+    assert "order of dist.send and dist.recv" in pointer
+    for rung in (nudge, pointer, *LADDERS["5.4"].__dict__.values()):
+        assert not any(words in rung for words in ("even", "odd", "% 2", "rank == 0", "clone"))
+
+
+def ring_summaries(spec, values, is_token=(), token_now=None):
+    """What every rank of a token-ring case reports, when rank r returned ``values[r]``."""
+    first = token_ring_cases.make_token(spec, 0)
+    return {r: {"returned": {"tensor": True, "shape": list(first.shape), "dtype": "float32",
+                             "values": v, "is_token": r in is_token},
+                "token_changed": token_now is not None and r == 0,
+                "token_now": token_now if r == 0 else None, "collectives": [], "library": [],
+                "calls": ["recv", "send"], "unwaited": [], "messages": int(len(values) > 1)}
+            for r, v in enumerate(values)}
+
+
+@pytest.mark.parametrize("ranks, returned, is_token, token_now, hint", [
+    (2, lambda t: [t[0], t[0]], (), None,
+     "rank 0 got back its own token: it returned a copy of it, or rank 1 sent on the token it "
+     "had received instead of its own"),
+    (3, lambda t: [t[0], t[0], t[1]], (), None, "rank 0 returned a copy of its own token, not "
+                                                "the token it received from rank 2"),
+    (1, lambda t: [t[0]], (0,), None, "rank 0 returned the token it was given, the same tensor, "
+                                      "not a copy"),
+    (2, lambda t: [t[1], t[0]], (), [7.0, 7.0, 7.0],
+     "on rank 0 pass_token wrote into the token it was given"),
+])
+def test_the_token_ring_judge_names_what_each_rank_did(ranks, returned, is_token, token_now,
+                                                       hint):
+    """Judged without a launch: the ways of going wrong that need no test run of their own."""
+    spec = {"name": "case", "shape": [3], "dtype": "float32", "seed": 0, "ranks": ranks}
+    tokens = [token_ring_cases.make_token(spec, r).tolist() for r in range(ranks)]
+    by_rank = ring_summaries(spec, returned(tokens), is_token, token_now)
+    with pytest.raises(ExerciseError) as caught:
+        nb05.judge_token_case("pass_token", spec, by_rank)
+    assert str(caught.value).startswith(hint), caught.value
+
+
+def test_the_token_ring_judge_refuses_the_other_exercises_calls():
+    """A call hidden in a helper function is seen while the file runs (judged here)."""
+    spec = {"name": "case", "shape": [3], "dtype": "float32", "seed": 0, "ranks": 2}
+    tokens = [token_ring_cases.make_token(spec, r).tolist() for r in range(2)]
+    by_rank = ring_summaries(spec, tokens[::-1])
+    nb05.judge_token_case("pass_token", spec, by_rank)  # right: no error
+    with pytest.raises(ExerciseError, match="pass_token_async called the blocking send or recv"):
+        nb05.judge_token_case("pass_token_async", spec, by_rank)

@@ -6,7 +6,8 @@ Runs on any world size >= 2, on Gloo (CPU) or NCCL (one GPU per process). Rank r
 ``start_values(r, N)`` = [10r, 10r + 1, ..., 10r + N - 1]: one number per chunk c, so that
 every sum can be read by eye. Each collective runs on a fresh copy, and every rank compares
 what it holds afterwards with ``expected_after`` (the definition of the collective, written
-in plain Python). Rank 0 gathers every rank's before, after and verdict and hands them back:
+in plain Python in ``course_lib/lessons/collective_definitions.py``). Rank 0 gathers every
+rank's before, after and verdict and hands them back:
 
     {"world_size": N, "backend": "gloo", "ranks": [per-rank facts],
      "point_to_point": {...}, "collectives": {name: {"root": 0 or None, "before": [...],
@@ -20,11 +21,15 @@ import os
 import torch
 import torch.distributed as dist
 
+from course_lib.lessons.collective_definitions import (
+    COLLECTIVES,
+    ROOT,
+    expected_after,
+    start_values,
+)
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import Worker, print0, worker
 
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
-ROOT = 0  # the rank that broadcast sends from and reduce collects to
 # torch 2.13 renamed reduce_scatter_tensor (input: one tensor of N chunks) to this
 reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -38,36 +43,10 @@ MEANINGS = {
 }
 
 
-def start_values(rank: int, world_size: int) -> list[float]:
-    """What rank ``rank`` holds before each collective: one number per chunk."""
-    return [float(10 * rank + c) for c in range(world_size)]
-
-
 def start_of(name: str, rank: int, world_size: int) -> list[float]:
     """all_gather starts from one number per rank (its own chunk); the others from N numbers."""
     values = start_values(rank, world_size)
     return [values[rank]] if name == "all_gather" else values
-
-
-def expected_after(name: str, before: list[list[float]], root: int = ROOT) -> list:
-    """What each rank must hold after collective ``name``, from what each held before.
-
-    ``None`` for a rank whose buffer the collective leaves unspecified (reduce's non-roots).
-    """
-    n = len(before)
-    sums = [sum(column) for column in zip(*before, strict=True)]  # element-wise sum over ranks
-    if name == "broadcast":
-        return [list(before[root]) for _ in range(n)]  # everyone gets the root's tensor
-    if name == "reduce":
-        return [sums if r == root else None for r in range(n)]  # only the root has the sum
-    if name == "all_reduce":
-        return [list(sums) for _ in range(n)]  # everyone gets the sum
-    if name == "all_gather":
-        joined = [value for mine in before for value in mine]  # rank 0's, then rank 1's, ...
-        return [list(joined) for _ in range(n)]
-    if name == "reduce_scatter":
-        return [[sums[r]] for r in range(n)]  # rank r gets the sum of chunk r only
-    raise ValueError(f"unknown collective {name!r}; pick one of {COLLECTIVES}")
 
 
 def format_values(values: list[float] | None) -> str:

@@ -2,8 +2,10 @@
 
 Every rank passes its own token to the right; each case uses another shape and dtype. Tokens
 are whole numbers, different on every rank (rank r's lie in 100 r + 1 .. 100 r + 99), so that
-the checker can tell whose token a rank got back. On 2 processes a last case gives the
-function a group of one process (rank 0 alone). ``options["function"]`` names the function.
+the checker can tell whose token a rank got back, and, when the function wrote into the
+token it was given, whose token it holds now. On 2 processes a last case gives the function a
+group of one process (rank 0 alone); a launch on 1 process runs every case that way.
+``options["function"]`` names the function.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ CASES = (  # (name, shape, dtype)
     ("a 0-d float64 token", [], "float64"),
 )
 ONE_PROCESS = ("a float32 token of 2 numbers, in a group of 1 process", [2], "float32")
+NOT_CONNECTED = "Pair is not connected"  # Gloo, for an isend or irecv to the process itself
 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
@@ -50,6 +53,14 @@ def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
     token = make_token(spec, dist.get_rank(group))
     before = token.clone()
     with tracer.watching(spec["name"], range(spec["ranks"])) as log:
-        returned = describe_value(function(token, group), token)  # read before anything waits
+        try:
+            returned = describe_value(function(token, group), token)  # read before any wait
+        except RuntimeError as error:
+            if NOT_CONNECTED in str(error):  # Gloo's own words start with its C++ source line
+                error.args = (f"{NOT_CONNECTED}: Gloo has no connection from a process to "
+                              "itself",)
+            raise
+    changed = not torch.equal(token, before)
     return {"name": spec["name"], "ranks": spec["ranks"], "returned": returned,
-            "token_changed": not torch.equal(token, before), **log.summary()}
+            "token_changed": changed, "token_now": token.flatten().tolist() if changed else None,
+            **log.summary()}
