@@ -9,6 +9,7 @@ import time
 import psutil
 import pytest
 from answer_edits import reference
+from token_ring_answers import answer, line_of
 
 from course_lib.check import nb05
 from course_lib.check.checker import ExerciseError
@@ -81,7 +82,7 @@ def test_a_file_without_the_function_names_it(workspace):
 
 
 def test_a_syntax_error_is_shown_with_its_line(workspace):
-    path = workspace.put("token_ring", "token_ring.py")
+    path = workspace.put(reference("token_ring.py"), "token_ring.py")
     with open(path, "a") as f:
         f.write("def broken(:\n")
     with pytest.raises(ExerciseError, match=r"token_ring.py line \d+: SyntaxError"):
@@ -90,7 +91,7 @@ def test_a_syntax_error_is_shown_with_its_line(workspace):
 
 @pytest.mark.slow
 def test_top_level_code_that_fails_on_import_is_explained(workspace):
-    path = workspace.put("token_ring", "token_ring.py")
+    path = workspace.put(reference("token_ring.py"), "token_ring.py")
     with open(path, "a") as f:  # try-out code without the __main__ guard
         f.write("dist.init_process_group('gloo')\n")
     with pytest.raises(ExerciseError) as err:
@@ -112,15 +113,17 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
 
 @pytest.mark.slow
 def test_a_deadlock_ends_within_30_s_naming_who_waits_on_whom(workspace):
-    path = workspace.put("token_ring_sends_first", "token_ring.py")
+    text = answer("token_ring.py", "every rank sends first")
+    path = workspace.put(text, "token_ring.py")
+    line = line_of(text, "dist.send(")
     before = set(psutil.Process().children(recursive=True))  # e.g. a session's JupyterLab
     start = time.monotonic()
     with pytest.raises(ExerciseError) as err:
         nb05.token_ring(path, world_sizes=(3,))
     assert time.monotonic() - start < 30
     hint = str(err.value)
-    assert ("rank 0 is blocked in send to rank 1 (line 12), rank 1 in send to rank 2 (line 12),"
-            " rank 2 in send to rank 0 (line 12)") in hint, hint
+    assert (f"rank 0 is blocked in send to rank 1 (line {line}), rank 1 in send to rank 2 "
+            f"(line {line}), rank 2 in send to rank 0 (line {line})") in hint, hint
     assert "every rank sends before any receives, so no send can complete" in hint
     time.sleep(0.5)
     assert set(psutil.Process().children(recursive=True)) - before == set()  # none left behind
@@ -129,23 +132,27 @@ def test_a_deadlock_ends_within_30_s_naming_who_waits_on_whom(workspace):
 
 @pytest.mark.slow
 def test_a_receive_that_no_rank_sends_to_is_named(workspace):
-    path = workspace.put("token_ring_odd_ranks_never_send", "token_ring.py")
+    text = answer("token_ring.py", "odd ranks never send")
+    path = workspace.put(text, "token_ring.py")
+    line = line_of(text, "dist.recv(incoming")
     start = time.monotonic()
     with pytest.raises(ExerciseError) as err:
         nb05.token_ring(path)
     assert time.monotonic() - start < 30
-    assert ("rank 0 is blocked in recv from rank 1 (line 14): rank 0 receives from rank 1, but "
-            "rank 1 never posted the matching send") in str(err.value)
+    assert (f"rank 0 is blocked in recv from rank 1 (line {line}): rank 0 receives from rank 1, "
+            "but rank 1 never posted the matching send") in str(err.value)
 
 
 @pytest.mark.slow
 def test_a_learners_exception_shows_the_rank_file_and_line(workspace):
-    path = workspace.put("token_ring_last_rank_raises", "token_ring.py")
+    text = answer("token_ring.py", "neighbours looked up in a list")
+    path = workspace.put(text, "token_ring.py")
+    line = line_of(text, "right, left = ranks[rank + 1]")
     with pytest.raises(ExerciseError) as err:
         nb05.token_ring(path)
     hint = str(err.value)
-    assert hint.startswith("rank 1, workspace/token_ring.py line 11 in pass_token:\n"
-                           "    right = ranks[rank + 1]\n"
+    assert hint.startswith(f"rank 1, workspace/token_ring.py line {line} in pass_token:\n"
+                           "    right, left = ranks[rank + 1], ranks[rank - 1]\n"
                            "IndexError: list index out of range"), hint
     assert "Traceback" not in hint and "torchrun" not in hint
 
