@@ -1,11 +1,20 @@
 """Notebook 07's checkers: the reference answers pass, realistic wrong answers get a hint
-(at most report.MAX_LINES lines, no line of the checker's code)."""
+(at most report.MAX_LINES lines, no line of the checker's code); exercise 7.3's judge on what
+a launch reports (the launches themselves: test_check_nb07_workspace.py)."""
+
+import re
 
 import pytest
+import torch
 from check_reports import shown_report
 
 from course_lib.check import nb07, own_work
+from course_lib.check.checker import ExerciseError
 from course_lib.check.hints import hint_text
+from course_lib.check.mp import dp_step_cases
+from course_lib.check.mp.learner import LearnerFile
+from course_lib.check.mp.runner import RankResult, Run
+from course_lib.check.mp.verdict import collective_message
 from course_lib.check.nb07 import scale_loss, shard_rows
 from course_lib.core.accumulation import scale_by_global_tokens
 from course_lib.tasks import batching
@@ -85,7 +94,8 @@ def test_scale_wrong_answers(wrong, words):
 
 def test_no_hint_gives_the_formula():
     """The hints name the mistake; the factor itself is the exercise."""
-    for hint in [hint_text("7.2")] + [shown_report(scale_loss, wrong, nb07) for wrong in (
+    ladder = [hint_text("7.2", rung) for rung in (1, 2)]
+    for hint in ladder + [shown_report(scale_loss, wrong, nb07) for wrong in (
             lambda s, local, total, n: s / local, lambda s, local, total, n: s / total,
             lambda s, local, total, n: s / total / n)]:
         assert "world_size / global" not in hint and "x world_size" not in hint, hint
@@ -99,3 +109,62 @@ def test_not_done(capsys):
     scale_loss(hole)
     out = capsys.readouterr().out
     assert "Exercise 7.1: not done yet" in out and "Exercise 7.2: not done yet" in out
+
+
+# ---- exercise 7.3's judge, on what a launch would report (the launches: *_workspace.py) ----
+
+def spec_of(world_size: int, accum_steps: int) -> dict:
+    return next(s for s in dp_step_cases.case_specs(world_size, {})
+                if s["accum_steps"] == accum_steps)
+
+
+@pytest.mark.parametrize("world_size, factor, words", [
+    (3, 3, "the gradient is 3 times too large: either the ring's sum"),  # N = K = 3
+    (2, 6, "the gradient is 6 times too large: not divided by the world size (the ring"),
+])
+def test_a_gradient_too_large_by_a_known_factor_is_named(world_size, factor, words):
+    spec = spec_of(world_size, 3)
+    got = torch.tensor(dp_step_cases.reference_parameters(spec, world_size, factor))
+    with pytest.raises(ExerciseError, match=re.escape(words)):
+        nb07.name_step_mistake(spec, world_size, got)
+
+
+def test_gradients_kept_from_the_step_before_are_named():
+    spec = spec_of(2, 1)
+    got = torch.tensor(dp_step_cases.reference_parameters(spec, 2, keep_grads=True))
+    with pytest.raises(ExerciseError, match="step 2 used the gradients of step 1 as well"):
+        nb07.name_step_mistake(spec, 2, got)
+
+
+def broadcast_summary(collectives: list[str]) -> dict:
+    """Rank 1 after broadcast_parameters left its own starting weights in place."""
+    return {"broadcast_right": False, "broadcast_kept_own": True, "broadcast_missed": [0, 1],
+            "parameter_tensors": 4, "collectives": collectives}
+
+
+@pytest.mark.parametrize("collectives, words, not_words", [
+    (["broadcast"] * 4, "though it called dist.broadcast: the tensors it broadcast were not the "
+                        "parameters themselves", "nothing gave it rank 0's"),
+    ([], "nothing gave it rank 0's", "though it called"),
+])
+def test_own_weights_after_the_broadcast_name_whether_it_was_called(collectives, words,
+                                                                    not_words):
+    summary = {"library_broadcast": False, "library_wrapper": False}
+    by_rank = {0: {"broadcast_right": True}, 1: broadcast_summary(collectives)}
+    with pytest.raises(ExerciseError) as caught:
+        nb07.judge_broadcast(summary, by_rank, 2)
+    assert words in str(caught.value) and not_words not in str(caught.value)
+
+
+def rank_in(op: str, calls: int, rank: int) -> RankResult:
+    """A rank stopped by the group's timeout inside its ``calls``-th ``op`` of the case."""
+    status = {"case": "K = 1", "op": op, "line": 18, "collectives": {op: calls}}
+    return RankResult(rank, True, [], {"kind": "timeout"}, status, {})
+
+
+def test_every_rank_in_the_same_broadcast_is_told_the_arguments_disagree():
+    """Each rank broadcasting from itself (src=rank): every rank waits in its first call."""
+    run = Run(2, [rank_in("broadcast", 1, 0), rank_in("broadcast", 1, 1)], None, 12.0)
+    message = collective_message(run, LearnerFile("workspace/my_dp_step.py", ()))
+    assert "every rank waits in broadcast (line 18), the same call on each" in message
+    assert "their arguments disagree (the src" in message and "never called" not in message

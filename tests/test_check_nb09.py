@@ -1,8 +1,6 @@
 """Notebook 09's checkers: the reference answers pass, realistic wrong answers get a hint."""
 
-import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -105,9 +103,6 @@ def test_atomic_save_not_done(capsys):
 
 # ---- what a learner sees: the hint, at most 10 lines, none of the checker's code ----------
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def indices_with_the_sampler(size, world_size, rank, epoch, seed):
     sampler = DistributedSampler(range(size), num_replicas=world_size, rank=rank, seed=seed)
     sampler.set_epoch(epoch)
@@ -156,14 +151,6 @@ def test_an_error_inside_save_shows_the_learners_line():
     assert "TypeError" in text and "torch.save(obj, path + 1)" in text
 
 
-def test_the_notebooks_file_is_the_tested_reference():
-    notebook = json.loads((ROOT / "notebooks" / "09_ddp_in_practice.ipynb").read_text())
-    written = ["".join(c["source"]) for c in notebook["cells"]
-               if "".join(c["source"]).startswith("%%writefile workspace/my_ddp_train.py\n")]
-    reference = (ROOT / "tests" / "workspace_answers" / "my_ddp_train.py").read_text()
-    assert written == ["%%writefile workspace/my_ddp_train.py\n" + reference]
-
-
 def test_the_script_checker_wants_a_path_and_says_so():
     def train(config):  # the function itself, passed instead of its file
         return {}
@@ -171,3 +158,31 @@ def test_the_script_checker_wants_a_path_and_says_so():
     text = shown_report(nb09.my_ddp_train, train)
     assert 'pass the path of your file, check.nb09.my_ddp_train("workspace/my_ddp_train.py")' \
         in text
+
+
+# ---- exercise 9.3's judge, on what a launch would report (the launches: *_workspace.py) ----
+
+def test_a_sync_on_every_micro_step_names_the_cause_not_the_fix():
+    """A loop without no_sync: DDP synchronised every backward (the weights are right)."""
+    with pytest.raises(ExerciseError) as caught:
+        nb09.judge_syncs({"syncs": 24, "steps": 12, "accum_steps": 2}, "model.zero_grad()")
+    hint = str(caught.value)
+    assert "24 times for 12 optimizer steps: micro-steps that do not end a step" in hint
+    assert "no_sync" not in hint, hint
+
+
+def logged(losses: list, right: list) -> dict:
+    return {"returned": {"losses": losses}, "expected": {"losses": right}}
+
+
+@pytest.mark.parametrize("ranks, accum_steps, factor, words", [
+    (3, 2, 3, "3 times too large: the sum over the ranks, not their mean"),
+    (3, 2, 2, "2 times too large: each micro-step's loss added as it is"),
+    (2, 2, 2, "2 times too large: the sum over the ranks, not their mean or each micro-step"),
+    (3, 2, 1.5, "not the mean loss of each step's global batch"),
+])
+def test_logged_losses_off_by_a_known_factor_are_named(ranks, accum_steps, factor, words):
+    right = [0.7, 0.6, 0.5]
+    by_rank = {r: logged([v * factor for v in right], right) for r in range(ranks)}
+    with pytest.raises(ExerciseError, match=words):
+        nb09.judge_losses(by_rank, ranks, accum_steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 
 import torch
@@ -36,11 +37,13 @@ def whole_bounds(answer) -> bool:
                for v in (answer.start, answer.stop, answer.step))
 
 
-@exercise("7.1", pointer=(
-    "Number the micro-batches of the global batch in order: all K micro-batches of rank 0 "
-    "first, then those of rank 1, and so on. Which number does micro-step k of rank r get, "
-    "and how many rows does each micro-batch hold? Multiply to find the first row; keep every "
-    "number an int (// divides whole numbers)."))
+@exercise("7.1", nudge=(
+    "Number the micro-batches of the global batch in the order the ranks own them: all K "
+    "micro-batches of rank 0 first, then those of rank 1, and so on. Which number does "
+    "micro-step k of rank r get?"), pointer=(
+    "Work in rows: the size of one micro-batch (the batch cut into world_size x accum_steps "
+    "equal parts) and the micro-batch's number in that order place its first row. Return a "
+    "slice, built from whole numbers only (// divides whole numbers, / gives a float)."))
 def shard_rows(rows_fn) -> None:
     """``rows_fn(global_size, rank, k, world_size, accum_steps)``: the rows of one micro-batch."""
     expect_own_code(rows_fn, micro_batch_slice, "work out the rows yourself, from the sizes")
@@ -84,11 +87,15 @@ def scaled_losses(scale_fn, loss_sums, tokens) -> list[float]:
     return scaled
 
 
-@exercise("7.2", pointer=(
-    "After the sync, the gradient is the AVERAGE over the N ranks of what each rank "
-    "backpropagated. You want the gradient of (sum of every token's loss) / (global token "
-    "count). So the N ranks' losses must add up to N times that mean: which factor, the same "
-    "on every rank, turns loss_sum into its share? Keep it a tensor (no .item())."))
+@exercise("7.2", nudge=(
+    "The gradient sync adds up the ranks' gradients and then divides by the number of ranks. "
+    "Work backwards: what must the N ranks' losses add up to, so that their average is the "
+    "mean loss over every token of the global batch?"), pointer=(
+    "You want the gradient of (sum of every token's loss) / (global token count); the sync "
+    "hands you the average over the N ranks of what each backpropagated. One factor, the same "
+    "on every rank and built from global_tokens and world_size (local_tokens would weigh the "
+    "ranks unevenly), turns loss_sum into its share. Multiply the tensor itself: .item() cuts "
+    "it off from the model."))
 def scale_loss(scale_fn) -> None:
     """``scale_fn(loss_sum, local_tokens, global_tokens, world_size)``: what to backpropagate.
 
@@ -126,24 +133,53 @@ DP_STEP_ADVICE = Advice(all_send=f"The ranks' all-reduces did not pair up: {SAME
                         all_recv=f"The ranks' all-reduces did not pair up: {SAME_CALLS}.",
                         mismatch=f"The ranks' all-reduces did not pair up: {SAME_CALLS}.",
                         size=f"Two ranks all-reduced tensors of different sizes: {SAME_CALLS}.")
+LIBRARY_ANSWERS = {  # what course_lib.core.data_parallel has that would answer for the learner
+    "broadcast_parameters": "broadcast_parameters is the library's own "
+                            "(course_lib.core.data_parallel): the exercise is to write it yourself",
+    "AllReducePerParameter": "the file uses the library's AllReducePerParameter, which is the "
+                             "answer itself: accumulate, sync and step in your own code",
+}
+TORCH_ALL_REDUCE = ("the gradients are averaged with torch's all_reduce: the exercise averages "
+                    "them with ring_all_reduce, your ring of exercise 6.3 (the name the file "
+                    "defines with mine_or_library)")
+
+
+def refuse_library_answers(path: str) -> None:
+    """Before any launch: the file must not import (or reach for) the library's answer, nor
+    torch's all_reduce."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+    for name, hint in LIBRARY_ANSWERS.items():
+        expect(name not in names, hint)
+    expect("all_reduce" not in names, TORCH_ALL_REDUCE)
 
 
 def judge_broadcast(summary: dict, by_rank: dict, n: int) -> None:
-    expect(not summary["library_broadcast"],
-           "broadcast_parameters is the library's own (course_lib.core.data_parallel): write "
-           "it yourself, from dist.broadcast")
-    expect(not summary["library_wrapper"],
-           "the file uses the library's AllReducePerParameter, which is the answer itself: "
-           "accumulate, sync and step yourself, with ring_all_reduce")
+    expect(not summary["library_broadcast"], LIBRARY_ANSWERS["broadcast_parameters"])
+    expect(not summary["library_wrapper"], LIBRARY_ANSWERS["AllReducePerParameter"])
     for rank in range(n):
-        if by_rank[rank]["broadcast_right"]:
+        mine = by_rank[rank]
+        if mine["broadcast_right"]:
             continue
-        expect(not by_rank[rank]["broadcast_kept_own"],
-               f"after broadcast_parameters rank {rank} still has its own starting weights: "
-               "here every rank builds its model from another seed, so without a broadcast "
-               "from rank 0 the replicas start apart and never agree")
-        expect(False, f"after broadcast_parameters rank {rank}'s weights are not rank 0's: "
-                      "copy rank 0's values into every parameter, in place")
+        after = f"after broadcast_parameters rank {rank}"
+        if mine["broadcast_kept_own"] and "broadcast" in mine["collectives"]:
+            expect(False, f"{after} still has its own starting weights, though it called "
+                          "dist.broadcast: the tensors it broadcast were not the parameters "
+                          "themselves (a copy or a new tensor), so the parameters never changed")
+        expect(not mine["broadcast_kept_own"],
+               f"{after} still has its own starting weights: here every rank builds its model "
+               "from another seed, and nothing gave it rank 0's, so the replicas start apart "
+               "and never agree")
+        missed = ", ".join(map(str, mine["broadcast_missed"]))
+        expect(False, f"{after} holds weights of its own in parameter tensor(s) {missed} (of "
+                      f"{mine['parameter_tensors']}, in model.parameters() order): those were "
+                      "not given rank 0's values")
 
 
 def judge_syncs(summary: dict, k: int) -> None:
@@ -154,26 +190,25 @@ def judge_syncs(summary: dict, k: int) -> None:
                                     f"losses for {k} micro-batches: one loss_fn and one "
                                     "backward per micro-batch")
         if not step["syncs"]:
-            expect("all_reduce" not in summary["collectives"],
-                   "the gradients were averaged with dist.all_reduce: use ring_all_reduce, "
-                   "your ring of exercise 6.3 (the line ring_all_reduce = mine_or_library(...))")
+            expect("all_reduce" not in summary["collectives"], TORCH_ALL_REDUCE)
             expect(False, f"step {number} never called ring_all_reduce: the ranks' gradients "
                           "were not averaged, each rank stepped with its own")
         early = [losses for losses, _ in step["syncs"] if losses < k]
         first = early[0] if early else 0
-        expect(not early, f"ring_all_reduce ran after micro-batch {first} of {k}: "
-                          f"a sync on every micro-step sends {k} times the bytes for the same "
-                          "result. Sync once per step, after the last micro-batch's backward")
+        expect(not early, f"ring_all_reduce ran after micro-batch {first} of {k}: a sync on "
+                          f"every micro-step sends {k} times the bytes for the same result, "
+                          "since the ranks' sum of the accumulated gradients is needed once")
         reduced = sum(numel for _, numel in step["syncs"])
         expect(reduced == params, f"step {number} all-reduced {reduced} numbers; the model has "
-                                  f"{params} parameters: reduce every gradient exactly once")
+                                  f"{params} parameters: every gradient must be reduced "
+                                  "exactly once")
 
 
 SCALE_HINTS = {
     "n": "not divided by the world size: ring_all_reduce leaves the SUM of the ranks' "
          "gradients, and the step needs their mean",
-    "k": "each micro-batch's loss is a mean; K backward passes add up K means, so the loss "
-         "must be divided by the number of micro-batches",
+    "k": "each micro-batch's loss is a mean, and K backward passes add up K means: the "
+         "gradient of the K micro-batches together is their mean, not their sum",
     "either": "either the ring's sum over the ranks is not divided by the world size, or each "
               "micro-batch's loss (a mean) is not divided by the number of micro-batches",
     "nk": "not divided by the world size (the ring gives the sum over ranks) nor by the number "
@@ -192,6 +227,20 @@ def name_scale_mistake(spec: dict, n: int, got: torch.Tensor) -> None:
             expect(False, f"the gradient is {scale} times too large: {SCALE_HINTS[key]}")
 
 
+def name_step_mistake(spec: dict, n: int, got: torch.Tensor) -> None:
+    """Rank 0's parameters are not the reference's: name a known cause, else the symptom."""
+    name_scale_mistake(spec, n, got)
+    kept = torch.tensor(dp_step_cases.reference_parameters(spec, n, keep_grads=True))
+    expect(not torch.allclose(got, kept, rtol=1e-9, atol=1e-12),
+           "step 2 used the gradients of step 1 as well: backward adds into .grad, and "
+           "nothing emptied it between the steps")
+    want = torch.tensor(dp_step_cases.reference_parameters(spec, n))
+    gap = float((got - want).abs().max())
+    expect(False, f"after {dp_step_cases.STEPS} steps rank 0's parameters differ from one "
+                  f"process stepping on the whole batch (by up to {gap:.2e}): every step "
+                  "must use the mean gradient of the whole global batch")
+
+
 def judge_dp_case(summary: dict, by_rank: dict, run) -> None:
     n, k = summary["ranks"], summary["accum_steps"]
     spec = {s["name"]: s for s in dp_step_cases.case_specs(n, {})}[summary["name"]]
@@ -200,26 +249,28 @@ def judge_dp_case(summary: dict, by_rank: dict, run) -> None:
     want = torch.tensor(dp_step_cases.reference_parameters(spec, n))
     got = torch.tensor(by_rank[0]["params"])
     if not torch.allclose(got, want, rtol=1e-9, atol=1e-12):
-        name_scale_mistake(spec, n, got)
-        gap = float((got - want).abs().max())
-        expect(False, f"after {dp_step_cases.STEPS} steps rank 0's parameters differ from one "
-                      f"process stepping on the whole batch (by up to {gap:.2e}): every step "
-                      "must use the mean gradient of the whole global batch")
+        name_step_mistake(spec, n, got)
     for rank in range(1, n):
         expect(by_rank[rank]["params"] == by_rank[0]["params"],
                f"rank {rank}'s parameters are not rank 0's, bit for bit: every rank must take "
                "the same step, from the same averaged gradients")
 
 
-@exercise("7.3", pointer=(
-    "broadcast_parameters: for each parameter, dist.broadcast its tensor from rank 0 within "
-    "the group, in place (under torch.no_grad()). data_parallel_step: zero the gradients; for "
-    "each micro-batch, backward its loss divided by the number of micro-batches, with no "
-    "communication inside that loop; after it, for each parameter, ring_all_reduce its .grad "
-    "and divide by the group's size; then optimizer.step()."))
+@exercise("7.3", nudge=(
+    "Three ideas. The replicas must start equal, and only rank 0's weights count. K micro-"
+    "batch losses are K means, and one step needs one mean. The ring adds up the ranks' "
+    "gradients, the step needs their average, and the ranks need to talk only once per step."),
+    pointer=(
+    "broadcast_parameters: dist.broadcast, rank 0 as the source, called by every rank of the "
+    "group (rank 0 too) on the parameters themselves, in place, under torch.no_grad(). "
+    "data_parallel_step: start from empty gradients (the optimizer can clear them); the "
+    "micro-batch loop only runs backward, scaled, as .grad adds up by itself; after the loop, "
+    "ring_all_reduce on the gradients (per parameter, or one flat buffer) and a division by "
+    "the group's size (dist.get_world_size), then the optimizer's step."))
 def my_dp_step(path: str = MY_DP_STEP_FILE, world_sizes=WORLD_SIZES) -> None:
     """``broadcast_parameters`` and ``data_parallel_step`` in the learner's file."""
     learner = find_learner_file(path, ("broadcast_parameters", "data_parallel_step"))
+    refuse_library_answers(path)
     check_file(learner, DP_STEP_CASES, {}, world_sizes, DP_STEP_ADVICE, judge_dp_case,
                deadline_s=dp_step_cases.DEADLINE_S)
     record_pass("7.3", path)

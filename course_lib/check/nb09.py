@@ -31,12 +31,14 @@ def reference_indices(size: int, world_size: int, rank: int, epoch: int, seed: i
     return list(sampler)
 
 
-@exercise("9.1", pointer=(
-    "Make a torch.Generator, seed it with seed + epoch, and draw "
-    "torch.randperm(size, generator=g).tolist(). The total length is the smallest multiple "
-    "of world_size that holds size indices; append the first (total - size) indices of the "
-    "permutation to reach it. Rank r's share is a slice that starts at r and steps by "
-    "world_size."))
+@exercise("9.1", nudge=(
+    "DistributedSampler shuffles the whole dataset the same way on every rank (one seed, "
+    "changed each epoch), makes the list long enough to share out evenly, then deals it out "
+    "like cards."), pointer=(
+    "A torch.Generator seeded with seed + epoch drives torch.randperm. The total length is the "
+    "smallest multiple of world_size that holds size indices, reached by repeating the "
+    "permutation's first indices. Rank r's share starts at r and steps by world_size (a "
+    "slice with a step)."))
 def sampler_by_hand(indices) -> None:
     """``indices(size, world_size, rank, epoch, seed)``: what DistributedSampler gives."""
     expect_function(indices, "check.nb09.sampler_by_hand(sampler_indices)")
@@ -63,12 +65,11 @@ def sampler_by_hand(indices) -> None:
                        f"ceil({size}/{world_size}) = {per_rank} indices (the permutation is "
                        f"padded by repeating its first indices), not {len(got)}")
                 expect(epoch == 0 or got != reference_indices(size, world_size, rank, 0, 0),
-                       "epoch 1 gives the same order as epoch 0: seed the shuffle with "
-                       "seed + epoch (that is what set_epoch does)")
+                       "epoch 1 gives the same order as epoch 0: the shuffle's seed must "
+                       "change with the epoch (DistributedSampler seeds it with seed + epoch)")
                 expect(False, f"size {size}, world {world_size}, rank {rank}, epoch {epoch}: "
-                              f"expected {want}, got {got}. Shuffle with torch.randperm and "
-                              "a Generator seeded with seed + epoch, pad, then take every "
-                              "world_size-th index starting at rank")
+                              f"expected {want}, got {got}: rank r's share is every "
+                              "world_size-th index of the padded shuffle, from index r on")
 
 
 def _crashing_save(real_save):
@@ -95,11 +96,13 @@ def _load(path: str):
         return None
 
 
-@exercise("9.2", pointer=(
-    "Two lines. First torch.save the object to another name in the same folder, path + "
-    "\".tmp\": a crash there leaves path as it was. Then os.replace(tmp, path), which swaps "
-    "the name over in one step: anyone reading path sees the old file or the new one. Let "
-    "errors pass through (no try/except)."))
+@exercise("9.2", nudge=(
+    "A crash halfway through writing must never touch the file that is already there. Where "
+    "could the new bytes go first, and how can they then take the old file's place in one "
+    "step?"), pointer=(
+    "torch.save to a second name in the same folder (path plus a suffix), then os.replace "
+    "that name onto path: a rename within one folder is atomic, so a reader sees the old file "
+    "or the new one, never half. Let errors reach the caller: no try/except."))
 def atomic_save(save) -> None:
     """``save(obj, path)`` must leave either the old file or the new one, never half."""
     expect_function(save, "check.nb09.atomic_save(save_atomic)")
@@ -109,8 +112,8 @@ def atomic_save(save) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "checkpoint.pt")
         call(save, {"step": 1}, path)
-        expect(os.path.exists(path), "after save(obj, path) there is no file at path: write "
-                                     "to a temporary file, then os.replace it onto path")
+        expect(os.path.exists(path), "after save(obj, path) there is no file at path: what "
+                                     "was written never took path's place")
         expect(_load(path) == {"step": 1}, "the file at path does not hold what was saved")
         real_save = torch.save
         torch.save = _crashing_save(real_save)
@@ -122,10 +125,10 @@ def atomic_save(save) -> None:
         finally:
             torch.save = real_save
         expect(crashed, "the simulated crash inside torch.save did not reach the caller: "
-                        "do not swallow errors while saving")
+                        "a swallowed error leaves the caller believing the checkpoint is safe")
         expect(_load(path) == {"step": 1},
-               "a crash while writing destroyed the previous checkpoint: write the new one "
-               "to path + '.tmp' and only then os.replace(tmp, path)")
+               "a crash while writing destroyed the previous checkpoint: the new bytes went "
+               "straight into path, so half a file took the old one's place")
 
 
 # ---- a complete DDP script: the learner's own file, launched on 2, 3 and 4 processes ------
@@ -146,26 +149,42 @@ def _close(a, b) -> bool:
 def explain_ddp_error(error: dict, text: str) -> str:
     if "initialize the default process group twice" in error["message"]:
         return ("train(config) runs in a process group that is already started (by main(), "
-                "or by the checker): call dist.init_process_group in main(), not in train.")
+                "or by the checker), so starting one inside train fails: that is main()'s "
+                "job.")
     return ""
 
 
 def judge_saves(rank: int, s: dict) -> None:
     expect(rank == 0 or not s["saves"], f"rank {rank} wrote the checkpoint too: every rank "
-                                        "writes it, all to the same file; only rank 0 should "
-                                        "(the replicas are equal)")
+                                        "writes the same file at once, which can leave it "
+                                        "damaged, and one copy is enough (the replicas are "
+                                        "equal)")
     if rank != 0:
         return
     c = s["checkpoint"]
     expect(s["saves"] and c.get("found"), "rank 0 wrote no checkpoint at config.checkpoint: "
-                                          "save the model there with torch.save at the end")
-    expect(c.get("state_dict"), "the checkpoint is not a state_dict: save "
-                                "model.module.state_dict(), the tensors by name")
+                                          "the file was not there when train returned")
+    expect(c.get("state_dict"), "the checkpoint is not a state_dict (the tensors by name): a "
+                                "whole module or another object does not load into a fresh "
+                                "model with load_state_dict")
     expect(not c.get("ddp_keys"), "the checkpoint's names start with 'module.': that is the "
-                                  "DDP wrapper's state_dict; save model.module.state_dict(), "
-                                  "which loads into a model without DDP")
+                                  "DDP wrapper's state_dict, which does not load into a model "
+                                  "without DDP; the model inside the wrapper has plain names")
     expect(_close(c["params"], s["returned"]["params"]),
-           "the checkpoint does not hold the final weights: save after the last step")
+           "the checkpoint does not hold the final weights: it was written before the last "
+           "optimizer step")
+
+
+WEIGHT_MISTAKES = {  # ddp_script_cases' known mistakes: what each one's weights mean
+    "no_set_epoch": "every epoch saw its examples in the same order: DistributedSampler "
+                    "shuffles with seed + epoch, and the epoch is yours to tell it each epoch",
+    "loss_not_scaled": "each step's gradient is accum_steps times too large: a micro-step's "
+                       "loss is a mean, and accum_steps backward passes add up accum_steps "
+                       "means, where the step needs their mean",
+    "loss_over_world": "each step's gradient is world_size times too small: DDP already "
+                       "averages over the ranks (it divides their sum by world_size), so "
+                       "dividing the loss by world_size divides twice",
+}
 
 
 def judge_ddp_rank(rank: int, s: dict) -> None:
@@ -175,12 +194,12 @@ def judge_ddp_rank(rank: int, s: dict) -> None:
     expect(s["ddp_models"] > 0, "train(config) never wrapped the model in "
                                 "DistributedDataParallel: DDP averages the gradients")
     if not _close(got["params"], right["params"]):
-        expect(not _close(got["params"], s["no_set_epoch"]),
-               "every epoch saw its examples in the same order: DistributedSampler shuffles "
-               "with seed + epoch, and the epoch is yours to tell it each epoch")
+        for mistake, hint in WEIGHT_MISTAKES.items():
+            expect(not _close(got["params"], s["mistakes"][mistake]), hint)
         expect(False, f"rank {rank}'s final weights differ from one process trained on every "
-                      "rank's micro-batches of each step at once: scale each micro-step's loss "
-                      "by 1 / accum_steps and step once every accum_steps micro-batches")
+                      "rank's micro-batches of each step at once: each optimizer step must use "
+                      "the mean gradient of the step's micro-batches on every rank (look at "
+                      "the loss's scale, and at when the optimizer steps and zeroes)")
     judge_saves(rank, s)
     expect(len(got["losses"]) == s["steps"], f"rank {rank} logged {len(got['losses'])} losses "
                                              f"for {s['steps']} optimizer steps: log one per "
@@ -195,20 +214,32 @@ def judge_syncs(s: dict, text: str) -> None:
                       "optimizer steps: no_sync() wraps the backward only, but DDP decides "
                       "during the FORWARD whether the next backward synchronises")
     expect(False, f"DDP all-reduced the gradients {s['syncs']} times for {s['steps']} "
-                  "optimizer steps: only the last micro-step of a step needs to; run the "
-                  "others inside model.no_sync()")
+                  "optimizer steps: micro-steps that do not end a step synchronised too, "
+                  "though only the last one's backward needs to (.grad adds up locally)")
 
 
-def judge_losses(by_rank: dict, n: int) -> None:
+def loss_factor_causes(logged: list, right: list, n: int, k: int) -> str:
+    """Why the logged losses are a known factor off the right ones, or ""."""
+    causes = {n: ["the sum over the ranks, not their mean"]}
+    causes.setdefault(k, []).append("each micro-step's loss added as it is, not divided by "
+                                    "the number of micro-steps")
+    for factor, why in causes.items():
+        if factor != 1 and _close(logged, [v * factor for v in right]):
+            return f"the logged losses are {factor} times too large: {' or '.join(why)}"
+    return ""
+
+
+def judge_losses(by_rank: dict, n: int, k: int) -> None:
     losses = [by_rank[r]["returned"]["losses"] for r in range(n)]
     differ = next((r for r in range(1, n) if not _close(losses[r], losses[0])), None)
     expect(differ is None, f"rank 0 and rank {differ} logged different losses: each logged "
-                           "its own; all-reduce the loss so that every rank logs the mean over "
-                           "the global batch")
+                           "the loss of its own micro-batches, not the mean over the global "
+                           "batch, which is the same number on every rank")
     right = by_rank[0]["expected"]["losses"]
-    expect(_close(losses[0], right), "the logged losses are not the mean loss of each step's "
-                                     "global batch: add up the step's scaled micro-step losses, "
-                                     "then average that over the ranks")
+    if not _close(losses[0], right):
+        expect(False, loss_factor_causes(losses[0], right, n, k) or
+               "the logged losses are not the mean loss of each step's global batch: every "
+               "micro-step's loss of every rank must count once, with the same weight")
 
 
 def _file_text(path: str) -> str:
@@ -229,20 +260,22 @@ def check_config_class(path: str) -> None:
                         "exercise gives (the checker sets them)")
 
 
-@exercise("9.3", pointer=(
-    "In train: DDP(make_model(config).to(device)); a DistributedSampler(dataset, "
-    "num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed) in a DataLoader "
-    "with batch_size=config.micro_batch; each epoch starts with sampler.set_epoch(epoch). "
-    "For micro-batch i, last = (i + 1) % accum_steps == 0; put BOTH the forward and "
-    "loss.backward() inside `model.no_sync()` unless last; on the last, step, zero the "
-    "gradients, all-reduce the step's summed loss and divide by the world size. At the end "
-    "only rank 0 calls torch.save(model.module.state_dict(), config.checkpoint)."))
+@exercise("9.3", nudge=(
+    "DDP averages the gradients for you; the rest is yours: which examples each rank reads "
+    "each epoch, which micro-steps must not talk, what one logged number means on every "
+    "rank, and who writes the file."), pointer=(
+    "Tools, in the order train needs them: DDP around the model; a DistributedSampler in the "
+    "DataLoader, with set_epoch at each epoch's start; model.no_sync() around the forward and "
+    "the backward of the micro-steps that do not end a step (contextlib.nullcontext() stands "
+    "in on the last); dist.all_reduce for the logged loss; torch.save on rank 0 of the model "
+    "inside DDP (model.module), then dist.barrier()."))
 def my_ddp_train(path: str = MY_DDP_FILE, world_sizes=WORLD_SIZES) -> None:
     """``train(config)`` in the learner's file: DDP, sampler, no_sync, logging, checkpoint."""
     expect(isinstance(path, (str, os.PathLike)), "pass the path of your file, "
            f'check.nb09.my_ddp_train("{MY_DDP_FILE}"); you passed {describe(path)}')
     learner = find_learner_file(path, ("train", "main"))
     check_config_class(path)
+    check_main(path)  # read, not launched: before the launch, which takes a while
     text = _file_text(path)
     folder = tempfile.mkdtemp(prefix="course-ddp-check-")
 
@@ -250,15 +283,19 @@ def my_ddp_train(path: str = MY_DDP_FILE, world_sizes=WORLD_SIZES) -> None:
         for rank in range(summary["ranks"]):
             judge_ddp_rank(rank, by_rank[rank])
         judge_syncs(by_rank[0], text)
-        judge_losses(by_rank, summary["ranks"])
+        judge_losses(by_rank, summary["ranks"], by_rank[0]["accum_steps"])
 
     try:
         check_file(learner, DDP_CASES, {"folder": folder}, world_sizes, DDP_ADVICE,
                    judge_case, explain_ddp_error, deadline_s=DEADLINE_S)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    check_main(path)
     record_pass("9.3", path)
+
+
+MAIN_STEPS = (("init_process_group", "start the process group (train expects one started)"),
+              ("train", "call train with a Config"),
+              ("destroy_process_group", "end the process group once train has returned"))
 
 
 def check_main(path: str) -> None:
@@ -269,10 +306,6 @@ def check_main(path: str) -> None:
         raise NotImplementedError("main() is still open")
     calls = {getattr(c.func, "attr", getattr(c.func, "id", None)) for c in ast.walk(main)
              if isinstance(c, ast.Call)}
-    for name, what in (("init_process_group", "start the process group "
-                                              "(dist.init_process_group)"),
-                       ("train", "call train(Config())"),
-                       ("destroy_process_group", "end the process group after train "
-                                                 "(dist.destroy_process_group)")):
-        expect(name in calls, f"train(config) is right, but main() does not {what}: torchrun "
-                              "runs main() on every rank")
+    for name, what in MAIN_STEPS:
+        expect(name in calls, f"main() does not {what}: torchrun runs main() on every rank "
+                              "(the checker calls train itself, so only main() lacks it)")

@@ -12,7 +12,8 @@ checker's process group. While it runs, the case
 
 The checker's own answer comes from one process: the same model and dataset, every rank's
 ``DistributedSampler`` indices of an optimizer step taken together as one big batch (and the
-same once more without ``set_epoch``, to name that mistake).
+same again for known mistakes, to name them: no ``set_epoch``, a loss not divided by the
+micro-steps, a loss divided by the world size as well).
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ def flat(model: nn.Module) -> list[float]:
     return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]).tolist()
 
 
-def reference(learner, config, world_size: int, set_epoch: bool = True) -> dict:
-    """One process: each optimizer step on every rank's examples of that step at once."""
+def reference(learner, config, world_size: int, set_epoch: bool = True,
+              loss_scale: float = 1.0) -> dict:
+    """One process: each optimizer step on every rank's examples of that step at once. A
+    known mistake's result: without ``set_epoch``, or the loss times ``loss_scale``."""
     model, data = learner.make_model(config), learner.make_dataset(config)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     per_step = config.micro_batch * config.accum_steps  # examples per rank per step
@@ -73,7 +76,7 @@ def reference(learner, config, world_size: int, set_epoch: bool = True) -> dict:
             x, y = data[rows]  # (world_size x per_step, 2), (world_size x per_step,)
             loss = F.cross_entropy(model(x), y)  # equal micro-batches: the mean of their means
             optimizer.zero_grad()
-            loss.backward()
+            (loss * loss_scale).backward()
             optimizer.step()
             losses.append(loss.item())
     return {"params": flat(model), "losses": losses}
@@ -171,8 +174,12 @@ def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
     dist.barrier(group=group)  # every rank done, the file complete, before rank 0 reads it
     got = returned(result)
     expected_steps = len(right["losses"])
+    mistakes = {"no_set_epoch": reference(learner, config, n, set_epoch=False)["params"],
+                "loss_not_scaled": reference(learner, config, n,
+                                             loss_scale=config.accum_steps)["params"],
+                "loss_over_world": reference(learner, config, n, loss_scale=1 / n)["params"]}
     return {"name": spec["name"], "ranks": n, "returned": got, "expected": right,
-            "no_set_epoch": reference(learner, config, n, set_epoch=False)["params"],
+            "mistakes": mistakes,
             "ddp_models": counter.models, "syncs": counter.syncs, "steps": expected_steps,
             "accum_steps": config.accum_steps, "saves": saves,
             "checkpoint": checkpoint_state(path, rank)}

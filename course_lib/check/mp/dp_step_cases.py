@@ -63,19 +63,31 @@ def mse(model: nn.Module, batch) -> torch.Tensor:
     return ((model(x) - y) ** 2).mean()
 
 
+def tensors(model: nn.Module) -> list[list[float]]:
+    return [p.detach().reshape(-1).tolist() for p in model.parameters()]
+
+
+def differing(got: list, want: list) -> list[int]:
+    """The positions of the parameter tensors that differ between two ``tensors`` lists."""
+    return [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b]
+
+
 def flat(model: nn.Module) -> list[float]:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
 
 
-def reference_parameters(spec: dict, world_size: int, loss_scale: float = 1.0) -> list[float]:
-    """One process, the whole batch each step, from rank 0's weights (the loss times
-    ``loss_scale``: a known mistake's result when it is not 1)."""
+def reference_parameters(spec: dict, world_size: int, loss_scale: float = 1.0,
+                         keep_grads: bool = False) -> list[float]:
+    """One process, the whole batch each step, from rank 0's weights. A known mistake's
+    result: the loss times ``loss_scale`` (not 1), or ``keep_grads`` (.grad never zeroed)."""
     model = make_model(rank_seed(spec, 0))
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
-        optimizer.zero_grad()
+        if not keep_grads:
+            model.zero_grad()
         (mse(model, global_batch(spec, world_size, step)) * loss_scale).backward()
-        optimizer.step()
+        with torch.no_grad():  # plain SGD's step, as torch.optim.SGD(lr=LR) takes it (without
+            for p in model.parameters():  # building one: its first one imports for seconds)
+                p.add_(p.grad, alpha=-LR)
     return flat(model)
 
 
@@ -108,12 +120,11 @@ class SyncCounter:
 def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     model = make_model(rank_seed(spec, rank))
-    mine = flat(model)
-    rank0 = flat(make_model(rank_seed(spec, 0)))
+    mine, rank0 = tensors(model), tensors(make_model(rank_seed(spec, 0)))
     steps = []
     with tracer.watching(spec["name"], range(spec["ranks"])) as log:
         learner.broadcast_parameters(model, group)
-        after_broadcast = flat(model)
+        after_broadcast = tensors(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         for step in range(STEPS):
             with SyncCounter(learner) as counter:
@@ -128,5 +139,6 @@ def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
                                    for v in vars(learner).values()),
             "has_ring": callable(getattr(learner, "ring_all_reduce", None)),
             "broadcast_kept_own": after_broadcast == mine and mine != rank0,
-            "broadcast_right": after_broadcast == rank0, "steps": steps,
+            "broadcast_right": after_broadcast == rank0, "parameter_tensors": len(rank0),
+            "broadcast_missed": differing(after_broadcast, rank0), "steps": steps,
             "params": flat(model), **log.summary()}

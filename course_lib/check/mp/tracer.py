@@ -5,8 +5,12 @@
 with wrappers. While a case runs (``with tracer.watching(case, members) as log``) they
 
 - write, before anything that blocks, what this rank waits for and for which peer to
-  ``status{R}.json`` in the run folder ({"op": "send", "peer": 1, "line": 9, ...}), so that
-  the checker can name who waited on whom even when the rank is stopped from outside;
+  ``status{R}.json`` in the run folder ({"op": "send", "peer": 1, "line": 9, "open": [the
+  isend/irecv handles it has not waited on yet], ...}), so that the checker can name who
+  waited on whom, and who had started which message, even when the rank is stopped;
+- write a collective there too ({"op": "broadcast", "line": 17}), and in every status how
+  often this rank called each collective in the case ("collectives"): a rank that called
+  one less often than its peers leaves them waiting;
 - count the bytes and messages this rank sends, note every collective and library call, and
   hand out ``isend``/``irecv`` handles that remember whether they were waited on;
 - refuse a peer outside the group the case passed (a clear error, not a hang).
@@ -18,6 +22,7 @@ it tells an endless loop from a wait.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import functools
 import importlib
@@ -102,7 +107,7 @@ class TracedWork:
 
     def wait(self, *args, **kwargs):
         self._tracer.status(op="wait", kind=self.kind, peer=self.peer,
-                            line=self._tracer.learner_line())
+                            line=self._tracer.learner_line(), open=self._tracer.open_handles(self))
         result = self._work.wait(*args, **kwargs)  # a timeout leaves the status as it is
         self._tracer.status(op=None)
         self.done = True
@@ -149,11 +154,20 @@ class Tracer:
         frame = self.learner_frame()
         return None if frame is None else frame.f_lineno
 
+    def open_handles(self, waited=None) -> list[dict]:
+        """The isend/irecv handles of this case not waited on yet (but ``waited``)."""
+        handles = self.log.handles if self.log is not None else []
+        return [h.describe() for h in handles if not h.done and h is not waited]
+
     def status(self, **fields) -> None:
-        """Record what this rank does now (op None: running its own code)."""
+        """Record what this rank does now (op None: running its own code), with how often it
+        called each collective in this case (a rank that called one less often than its
+        peers leaves them waiting in it)."""
         if self.log is None:
             return
-        self.last = {"rank": self.rank, "case": self.case, "time": time.time(), **fields}
+        calls = dict(collections.Counter(self.log.collectives))
+        self.last = {"rank": self.rank, "case": self.case, "time": time.time(),
+                     "collectives": calls, **fields}
         write_json_atomic(self.status_path, self.last)
 
     # ---- installing the wrappers ------------------------------------------------------------
@@ -172,9 +186,15 @@ class Tracer:
 
     def _noted(self, kind: str):
         def handler(original, *args, **kwargs):
-            if self.log is not None:
-                getattr(self.log, kind).append(original.__name__)
-            return original(*args, **kwargs)
+            if self.log is None:
+                return original(*args, **kwargs)
+            getattr(self.log, kind).append(original.__name__)
+            if kind != "collectives":
+                return original(*args, **kwargs)
+            self.status(op=original.__name__, line=self.learner_line())  # it may wait: say so
+            result = original(*args, **kwargs)  # a timeout leaves the status as it is
+            self.status(op=None)
+            return result
 
         return handler
 
@@ -216,7 +236,7 @@ class Tracer:
             if name in ("isend", "irecv"):
                 work = original(*args, **kwargs)
                 return None if work is None else self._handle(work, name, peer, line)
-            self.status(op=name, peer=peer, line=line)  # blocking: say on what, first
+            self.status(op=name, peer=peer, line=line, open=self.open_handles())  # say first
             result = original(*args, **kwargs)  # a timeout leaves the status as it is
             self.status(op=None)
             return result

@@ -2,8 +2,9 @@
 
 ``raise_if_stopped`` raises ``NotImplementedError`` while the exercise is not done, and
 ``ExerciseError`` when a rank raised (the learner's own line, with the rank), when the ranks
-deadlocked (who waited on whom, and why that cannot finish), when Gloo ended a rank for a
-message bigger than its buffer, or when time ran out.
+deadlocked (who waited on whom, and why that cannot finish; who waits in a collective that
+a peer called less often), when Gloo ended a rank for a message bigger than its buffer, or
+when time ran out.
 """
 
 from __future__ import annotations
@@ -97,7 +98,36 @@ def blocked_ranks(run: Run) -> dict[int, tuple[str, int, int | None]]:
     return found
 
 
+def _started(blocked: dict, run: Run) -> dict[int, list[tuple[str, int]]]:
+    """{rank: [(what, peer)]}: the message each blocked rank waits on, then the isend/irecv
+    it had started and not waited on yet (the tracer's "open")."""
+    status = {r.rank: r.status for r in run.ranks}
+    return {rank: [(what, peer)] + [(h["kind"], h["peer"])
+                                    for h in status[rank].get("open", [])]
+            for rank, (what, peer, _) in blocked.items()}
+
+
+def _crossed(blocked: dict, run: Run) -> str | None:
+    """When every blocked rank had started a send and a receive, so neither waits for the
+    other: the send whose receiver waits for another rank instead, or None."""
+    started = _started(blocked, run)
+    if not all({what in SENDING for what, _ in mine} == {True, False}
+               for mine in started.values()):
+        return None
+    for rank, mine in sorted(started.items()):
+        for what, peer in mine:
+            sources = [p for w, p in started.get(peer, []) if w not in SENDING]
+            if what in SENDING and sources and rank not in sources:
+                return (f"each rank had started its receive too, but not from the rank that "
+                        f"sends to it: rank {rank} sends to rank {peer}, which receives from "
+                        f"rank {sources[0]}")
+    return None
+
+
 def _reason(blocked: dict, run: Run, advice: Advice) -> str:
+    crossed = _crossed(blocked, run)
+    if crossed:
+        return f"{crossed}. {advice.mismatch}"
     kinds = {what in SENDING for what, _, _ in blocked.values()}
     if len(blocked) == run.world_size and kinds == {True}:
         return ("every rank sends before any receives, so no send can complete (on Gloo a "
@@ -128,6 +158,63 @@ def deadlock_message(run: Run, learner: LearnerFile, advice: Advice) -> str | No
     case = next((r.status.get("case") for r in run.ranks if r.rank in blocked), None)
     return (f"{learner.path} never finished {where(run, case)}: {', '.join(parts)}: "
             f"{_reason(blocked, run, advice)}")
+
+
+def _now(r) -> str | None:
+    """Where a stopped rank was (which call, which line of the learner's file), if known."""
+    status, blocked = r.status, _blocked_on(r.status)
+    at = f" (line {status['line']})" if status.get("line") else ""
+    if blocked:
+        return f"rank {r.rank} {_phrase(*blocked, True)}{at}"
+    if status.get("op"):
+        return f"rank {r.rank} waits in {status['op']}{at}"
+    if r.where.get("line"):
+        return f"rank {r.rank} was at line {r.where['line']}: {r.where.get('source', '')}"
+    return None
+
+
+def _calls(r, op) -> int:
+    """How often rank ``r`` had called collective ``op`` in its case (the tracer counts)."""
+    return r.status.get("collectives", {}).get(op, 0)
+
+
+def _waiting_for_peers(r, run: Run, learner: LearnerFile) -> str | None:
+    """Rank ``r`` stopped in a collective that peers of its case called less often: they
+    skipped it (under ``if rank == 0:``, say), so it can never complete."""
+    op, case = r.status.get("op"), r.status.get("case")
+    peers = [p for p in run.ranks if p.status.get("case") == case]
+    behind = [p for p in peers if _calls(p, op) < _calls(r, op)]
+    if not behind:
+        return None
+    waiting = [p.rank for p in peers if p.status.get("op") == op and p not in behind]
+    never = all(not _calls(p, op) for p in behind)
+    now = "; ".join(filter(None, (_now(p) for p in behind)))
+    at = f" (line {r.status['line']})" if r.status.get("line") else ""
+    return (f"{learner.path} never finished {where(run, case)}: {_ranks(waiting)} "
+            f"wait{'s' if len(waiting) == 1 else ''} in {op}{at} for "
+            f"{_ranks([p.rank for p in behind])}, which "
+            f"{'never called it' if never else f'called {op} fewer times'} in this case"
+            f"{': ' + now if now else ''}. A collective returns only once every rank of its "
+            "group has called it")
+
+
+def collective_message(run: Run, learner: LearnerFile) -> str | None:
+    """Ranks stopped inside a collective: peers that called it less often, or every rank in
+    the same call (their arguments disagree). None when no rank stopped in a collective."""
+    stuck = [r for r in run.ranks if _calls(r, r.status.get("op")) and (
+        not r.reported or (r.error or {}).get("kind") in ("timeout", "peer_gone"))]
+    for r in stuck:
+        message = _waiting_for_peers(r, run, learner)
+        if message:
+            return message
+    calls = {(r.status.get("case"), r.status["op"], _calls(r, r.status["op"])) for r in stuck}
+    if len(stuck) == run.world_size > 1 and len(calls) == 1:
+        (case, op, _), = calls
+        at = f" (line {stuck[0].status['line']})" if stuck[0].status.get("line") else ""
+        return (f"{learner.path} never finished {where(run, case)}: every rank waits in "
+                f"{op}{at}, the same call on each, and it never completed: their arguments "
+                "disagree (the src, the group or the size)")
+    return None
 
 
 def killed_message(run: Run, learner: LearnerFile, advice: Advice) -> str | None:
@@ -170,7 +257,8 @@ def raise_if_stopped(run: Run, learner: LearnerFile, advice: Advice, explain=Non
     raised = learner_error_message(run, learner, explain)
     if raised:
         raise ExerciseError(raised, raised=True)
-    for message in (killed_message(run, learner, advice),
+    for message in (collective_message(run, learner),
+                    killed_message(run, learner, advice),
                     deadlock_message(run, learner, advice), time_out_message(run, learner)):
         if message:
             raise ExerciseError(message)
