@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 EXERCISE_IN_TEXT = re.compile(r"Exercise (\d+\.\d+)")
-CHECK_MODULE = re.compile(r"^(?:course_lib\.)?check\.(nb\d\d)$|^(nb\d\d)$")
+CHECK_MODULE = re.compile(r"^(?:course_lib\.)?check\.(nb\d\d[a-z]?)$|^(nb\d\d[a-z]?)$")  # 10b
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
