@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The course on a GPU machine: the training entry point on NCCL (one process per GPU) and the
-# memory benchmark with torch.cuda.max_memory_allocated. Prints the figures the README records.
+# The course on a GPU machine: the training entry point on NCCL (one process per GPU), notebook
+# 08's overlap against torch DDP (2 GPUs or more) and the memory benchmark with
+# torch.cuda.max_memory_allocated. Prints the figures the README records.
 #   scripts/gpu_check.sh [OUT_DIR]       (default OUT_DIR: .bench/gpu)
 # Uses the machine's own python3 and torch (PYTHON=... to choose), so it also runs where
 # scripts/env.sh cannot install (a cluster node without internet).
@@ -8,7 +9,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage="usage: scripts/gpu_check.sh [OUT_DIR] [--help]"
 case "${1:-}" in
-  -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
   -*) echo "error: unknown option $1" >&2; echo "$usage" >&2; exit 2 ;;
 esac
 if [ "$#" -gt 1 ]; then echo "error: one OUT_DIR at most, got $*" >&2; echo "$usage" >&2; exit 2; fi
@@ -51,6 +52,42 @@ print(f"[gpu] sync {sys.argv[2]}: loss {rows[0]['loss']:.3f} -> {rows[-1]['loss'
 assert rows[-1]["loss"] < rows[0]["loss"], "the loss did not fall"
 PY
 done
+
+echo "== notebook 08 on NCCL: buckets after backward, overlap from hooks, torch DDP"
+if [ "$gpus" -lt 2 ]; then
+  echo "[gpu] skipped: one process has no communication to overlap (needs 2 GPUs or more)"
+else
+  "$PY" - "$gpus" "$OUT/overlap.json" <<'PY'
+import json, statistics, sys
+from course_lib.lessons.timeline import overlap_summary
+from course_lib.lessons.timeline_plot import backward_end_s, first_comm_start_s
+from course_lib.runtime.launch import launch
+run = launch("course_lib.demos.bucket_sweep", nproc=int(sys.argv[1]), timeout_s=600, quiet=True,
+             args=["--strategies", "bucketed,overlap,ddp", "--sweep-mb", "", "--compute-only",
+                   "--batch", "1024", "--rounds", "6", "--steps", "5"])
+json.dump(run.result, open(sys.argv[2], "w"))
+rows = {r["label"]: r for r in run.result["rows"]}
+for label, r in rows.items():
+    q1, median, q3 = statistics.quantiles(r["step_times_s"], n=4)
+    s = overlap_summary(r["timeline"])
+    print(f"[gpu] {label:>12}: median step {median * 1e3:.2f} ms (quartiles {q1 * 1e3:.2f} to "
+          f"{q3 * 1e3:.2f}), backward {s['backward_s'] * 1e3:.2f} ms, communication after it "
+          f"{s['exposed_s'] * 1e3:.2f} ms (last step)")
+steps = {label: r["median_step_s"] for label, r in rows.items()}
+waited = steps["bucketed"] - steps["compute only"]  # what buckets after backward add
+for label in ("overlap", "ddp"):
+    saved = steps["bucketed"] - steps[label]
+    print(f"[gpu] {label}: {saved * 1e3:+.2f} ms per step against buckets after backward, "
+          f"which add {waited * 1e3:.2f} ms to compute alone ({100 * saved / waited:.0f} % hidden)"
+          if waited > 0 else f"[gpu] {label}: buckets after backward added nothing to measure")
+events = rows["overlap"]["timeline"]  # launch times are the CPU's, ahead of the GPU
+print(f"[gpu] overlap launched bucket 0 at {first_comm_start_s(events) * 1e3:.2f} ms, backward "
+      f"ended at {backward_end_s(events) * 1e3:.2f} ms (last step)")
+for label in ("bucketed", "overlap"):
+    assert rows[label]["same_as_ddp"], (label, rows[label]["max_difference_to_ddp"])
+    assert rows[label]["replicas_bitwise_equal"], label
+PY
+fi
 
 echo "== memory benchmark on cuda"
 "$PY" scripts/bench_memory.py --device cuda --out "$OUT"

@@ -1,6 +1,7 @@
 """The claims of notebooks 08-10 that no other test covers, checked again outside the
-notebooks: buckets and overlap (08), a crash-safe checkpoint and an exact resume, and the
-multi-node commands of the SLURM script (09), the ZeRO memory table (10).
+notebooks: buckets and overlap, on this CPU and on an emulated link (08), a crash-safe
+checkpoint and an exact resume, and the multi-node commands of the SLURM script (09), the ZeRO
+memory table (10).
 
 (ZeRO-1 itself: tests/test_zero.py; the hang lab: tests/test_hang_lab.py; no_sync, the
 sampler, SyncBatchNorm and our trainer against DDP: tests/test_ddp_practice.py.)"""
@@ -18,7 +19,9 @@ from torch.distributed.run import get_args_parser
 
 from course_lib.core.buckets import MB, plan_buckets
 from course_lib.demos.bucket_sweep import STRATEGIES, make_deep_mlp
-from course_lib.lessons.timeline_plot import comm_starts_before_backward_ends
+from course_lib.lessons.emulated_link import overlap_verdict
+from course_lib.lessons.timeline import overlap_summary
+from course_lib.lessons.timeline_plot import backward_end_s, comm_starts_before_backward_ends
 from course_lib.runtime.launch import launch
 from course_lib.train.checkpoint import load_checkpoint
 from course_lib.train.config import parse_config
@@ -63,6 +66,38 @@ def test_buckets_cut_the_collectives_and_hooks_start_them_during_backward(sweep)
     assert sweep["overlap 0.25 MB"]["collectives_per_step"] > 4
     assert comm_starts_before_backward_ends(sweep["overlap"]["timeline"])
     assert not comm_starts_before_backward_ends(sweep["bucketed"]["timeline"])
+    ddp = sweep["ddp"]["timeline"]  # DDP waits for its buckets inside backward
+    assert max(e["end_s"] for e in ddp if e["kind"] == "comm") <= backward_end_s(ddp)
+
+
+# notebook 08, section 9: every all-reduce on an emulated 500 Mbit/s link (500 us per message)
+LINK_RUN = ["--link-alpha-us", "500", "--link-gb-per-s", "0.0625", "--batch", "256",
+            "--strategies", "allreduce,bucketed,overlap,ddp", "--sweep-mb", "", "--compute-only"]
+
+
+@pytest.fixture(scope="module")
+def on_link():
+    run = launch("course_lib.demos.bucket_sweep", nproc=2, timeout_s=300, quiet=True,
+                 args=[*LINK_RUN, "--rounds", "4", "--steps", "3"])  # 12 steps, as the notebook
+    return {row["label"]: row for row in run.result["rows"]}
+
+
+@pytest.mark.slow
+def test_on_a_link_of_its_own_overlap_beats_buckets_after_backward_beyond_half_the_spread(on_link):
+    verdict = overlap_verdict(on_link)
+    (b_q1, b_median, _), (_, o_median, o_q3) = verdict["bucketed"], verdict["overlap"]
+    assert o_median < b_q1 and o_q3 < b_median, verdict  # outside each other's quartiles
+    assert verdict["over_best"] <= 1.5, verdict  # rest of compute + max(backward, link)
+    assert verdict["bucketed_over_sum"] >= 0.8, verdict  # compute, then the link
+    after = {label: overlap_summary(on_link[label]["timeline"])["exposed_s"]
+             for label in ("bucketed", "overlap")}
+    assert after["bucketed"] >= 0.99 * verdict["link_s"], after  # all of it after backward
+    assert after["overlap"] < after["bucketed"], after
+    assert on_link["allreduce"]["median_step_s"] > b_median  # 28 start-up costs, not 4
+    assert on_link["ddp"]["median_step_s"] < b_median  # DDP's reducer overlaps too
+    for label in ("allreduce", "bucketed", "overlap", "ddp"):
+        assert on_link[label]["same_as_ddp"], label  # DDP without the link: real numbers
+        assert on_link[label]["replicas_bitwise_equal"], label
 
 
 # ---- 09: a crash while writing the checkpoint, then an exact resume: tests/test_train_resume.py

@@ -69,12 +69,14 @@ class CompletionWatcher:
         self.todo: queue.Queue = queue.Queue()
         self.thread: threading.Thread | None = None
 
-    def watch(self, work, event: dict) -> None:
-        """Set ``event["end_s"]`` when ``work`` (from ``async_op=True``) completes."""
+    def watch(self, work, event: dict, on_gpu: bool = False) -> None:
+        """Set ``event["end_s"]`` when ``work`` (from ``async_op=True``) completes. On a GPU
+        ``wait()`` returns before the collective ran (it only orders the streams): the
+        watcher asks ``is_completed()`` until the GPU is done."""
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="comm-watcher", daemon=True)
             self.thread.start()
-        self.todo.put((work, event))
+        self.todo.put((work, event, on_gpu))
 
     def settle(self) -> None:
         """Return once every watched work has its end time."""
@@ -88,9 +90,11 @@ class CompletionWatcher:
 
     def _run(self) -> None:
         while (item := self.todo.get()) is not None:
-            work, event = item
+            work, event, on_gpu = item
             try:
                 work.wait()
+                while on_gpu and not work.is_completed():
+                    time.sleep(50e-6)  # NCCL: the kernel's end, not its place in the queue
             except Exception:  # the training loop's own wait() raises it
                 pass
             event["end_s"] = self.timeline.now()
@@ -110,11 +114,11 @@ class CommRecorder(CountedAllReduce):
 
     def __call__(self, tensor, group=None, async_op: bool = False):
         nbytes = self.count(tensor)
-        event = self.clock.add(f"all-reduce {len(self.clock.events)}", "comm", self.clock.now(),
-                               nbytes=nbytes)
+        number = sum(e["kind"] == "comm" for e in self.clock.events)  # 0 for the step's first
+        event = self.clock.add(f"all-reduce {number}", "comm", self.clock.now(), nbytes=nbytes)
         if async_op:
             work = self.inner(tensor, group=group, async_op=True)
-            self.watcher.watch(work, event)
+            self.watcher.watch(work, event, on_gpu=tensor.device.type == "cuda")
             return work
         self.inner(tensor, group=group)
         if tensor.device.type == "cuda":
@@ -151,16 +155,20 @@ class _ComputeBlock:
         return self.event
 
     def __exit__(self, *exc) -> None:
-        torch_sync()
+        torch_sync(compute_only=True)  # not the collectives still running beside it
         self.event["end_s"] = self.clock.now()
 
 
-def torch_sync() -> None:
-    """On a GPU, wait for the queued kernels, so that an end time is the real one."""
+def torch_sync(compute_only: bool = False) -> None:
+    """On a GPU, wait for the queued kernels, so that an end time is the real one:
+    ``compute_only``, those of the current stream (not NCCL's), else the whole device's."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+        if compute_only:
+            torch.cuda.current_stream().synchronize()
+        else:
+            torch.cuda.synchronize()
 
 
 def merge_intervals(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
