@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from error_reports import report_problems
 from lab_page import (
     STDERR_MIME,
     clear_outputs,
@@ -28,7 +29,6 @@ from lab_page import (
     screenshot_cell,
     wait_until_run_ends,
 )
-from error_reports import report_problems
 from lab_server import shut_down_kernels
 from nb_expectations import NotebookExpectation, page_problems, read_expectation
 
