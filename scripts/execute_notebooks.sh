@@ -15,7 +15,7 @@ for arg in "$@"; do  # checked before the environment is installed
 done
 source "$ROOT/scripts/env.sh" || exit 1  # its error line says what failed
 source "$ROOT/scripts/ci_env.sh"
-if [ "$#" -eq 0 ]; then cd "$ROOT"; set -- notebooks/[0-9][0-9]_*.ipynb; fi  # else: as given
+if [ "$#" -eq 0 ]; then cd "$ROOT"; set -- notebooks/[0-9][0-9]*_*.ipynb; fi  # else: as given
 status=0
 for nb in "$@"; do
   start=$(date +%s)

@@ -1,6 +1,6 @@
 """Write workshop copies of the notebooks with every exercise left open (see notebooks/README.md).
 
-    python scripts/make_student_notebooks.py                # notebooks/NN_*.ipynb -> student/
+    python scripts/make_student_notebooks.py                # notebooks/NN*_*.ipynb -> student/
     python scripts/make_student_notebooks.py --out student --reset   # fresh copies of all
     python scripts/make_student_notebooks.py --check        # only check the notebooks' markers
 
@@ -129,12 +129,12 @@ def copy_assets(folder: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks to copy (default: notebooks/NN_*.ipynb)")
+                        help="notebooks to copy (default: every notebooks/NN*_*.ipynb)")
     parser.add_argument("--out", type=Path, default=Path("student"), help="folder to write")
     parser.add_argument("--reset", action="store_true", help="replace edited copies too")
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
     ns = parser.parse_args(argv)
-    sources = ns.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    sources = ns.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     if ns.check:
         return check_only(sources)
     try:

@@ -47,7 +47,7 @@ if [ "$what" != notebooks ]; then
   fi
 fi
 if [ "$what" != unit ] && [ "$what" != quick ]; then
-  run python scripts/check_notebook.py notebooks/[0-9][0-9]_*.ipynb || status=1
+  run python scripts/check_notebook.py notebooks/[0-9][0-9]*_*.ipynb || status=1
 fi
 
 # One pytest session on three test processes (two cores: most tests wait for launched

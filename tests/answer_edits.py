@@ -27,7 +27,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 def _files() -> dict[str, tuple[str, str]]:
     """workspace file name -> (the reference text, the student copy's text)."""
     files = {}
-    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         copy = make_student_copy(nb, path.name).notebook
         shift = 1 if len(copy.cells) == len(nb.cells) + 1 else 0  # the copy's note

@@ -11,10 +11,10 @@ LONGEST_FIRST = (
     "tests/test_student_notebooks.py",  # 135 s: every student copy, open and answered
     "tests/test_check_nb07_workspace.py", "tests/test_check_nb09_workspace.py",
     "tests/browser/", "tests/test_check_nb06_workspace.py", "tests/test_check_nb10_workspace.py",
-    "notebooks/06_", "tests/test_check_nb08_workspace.py", "tests/test_launch.py",
+    "tests/test_check_nb08_workspace.py", "tests/test_launch.py",
     "tests/test_check_nb05_workspace.py", "tests/test_check_nb11.py",
     "tests/test_notebook_claims_05_07.py", "notebooks/09_", "notebooks/07_",
-    "notebooks/",  # the other notebooks, 5 to 26 s each
+    "notebooks/",  # the other notebooks, 5 to about 30 s each
 )
 
 

@@ -8,6 +8,7 @@ from course_lib.lessons.cost_model import (
     AlphaBeta,
     all_reduce_messages,
     fit_alpha_beta,
+    latencies_and_bytes,
     predict_all_reduce_s,
     relative_errors,
     ring_bytes_fraction,
@@ -65,6 +66,34 @@ def test_message_counts_follow_each_algorithm():
     assert all_reduce_messages("ring", n, 1) == (0, 0.0)
     with pytest.raises(ValueError, match="unknown algorithm"):
         all_reduce_messages("tree", n, 4)
+
+
+def test_latencies_and_bytes_in_a_row():
+    n = 1 << 20
+    assert latencies_and_bytes("naive", n, 4) == (6, 6 * n)
+    assert latencies_and_bytes("ring", n, 4) == (6, 1.5 * n)  # 2(N-1) chunks of n/N
+    assert latencies_and_bytes("recursive_doubling", n, 8) == (3, 3 * n)
+    assert latencies_and_bytes("halving_doubling", n, 8) == (6, 1.75 * n)  # the ring's bytes
+    assert latencies_and_bytes("halving_doubling", n, 1024) == (20, 2 * 1023 / 1024 * n)
+    assert latencies_and_bytes("halving_doubling", n, 1) == (0, 0.0)
+    model = AlphaBeta(alpha_s=20e-6, beta_s_per_byte=1e-9)
+    for name in ("naive", "ring", "recursive_doubling"):  # the same as message by message
+        messages, per_message = all_reduce_messages(name, n, 6)
+        assert predict_all_reduce_s(model, name, n, 6) == pytest.approx(
+            messages * model.time_s(per_message))
+    assert predict_all_reduce_s(model, "halving_doubling", n, 8) == pytest.approx(
+        6 * 20e-6 + 1.75 * n * 1e-9)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: latencies_and_bytes("halving_doubling", 64, 6), "power-of-two world size, got 6"),
+    (lambda: all_reduce_messages("halving_doubling", 64, 8), "use latencies_and_bytes"),
+    (lambda: latencies_and_bytes("butterfly", 64, 8), "unknown algorithm"),
+    (lambda: latencies_and_bytes("ring", 64, 0), "world_size"),
+])
+def test_bad_algorithm_or_world_size_says_what_to_pass(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_predictions_rank_the_algorithms_as_the_theory_says():

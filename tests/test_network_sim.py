@@ -1,5 +1,6 @@
 """The network simulator: each algorithm's bytes exactly, times that behave as the alpha-beta
-model says, crossovers that agree with direct evaluation, and clear errors."""
+model says, crossovers that agree with direct evaluation, nodes with two links, and clear
+errors."""
 
 import math
 
@@ -12,22 +13,28 @@ import pytest  # noqa: E402
 
 from course_lib.core.collectives import chunk_bounds  # noqa: E402
 from course_lib.lessons import cost_model, ring_viz  # noqa: E402
-from course_lib.lessons.links import LINKS, Link, get_link, link_from_model  # noqa: E402
+from course_lib.lessons.links import LINKS, Cluster, Link, get_link, link_from_model  # noqa: E402
 from course_lib.lessons.network_plots import (  # noqa: E402
     plot_algorithms,
+    plot_bandwidth_optimal,
     plot_measured,
+    plot_topology,
     plot_world_sizes,
 )
 from course_lib.lessons.network_sim import (  # noqa: E402
     ALGORITHMS,
+    ANY_WORLD_SIZE,
     chunk_sizes,
     crossovers,
     fastest,
     predict_rows,
     simulate,
+    time_of,
 )
 
 IB = "InfiniBand NDR 400 Gb/s"
+NVLINK = "NVLink 4 (H100)"
+H100_NODES = Cluster(8, NVLINK, IB)  # 8 GPUs per node, one InfiniBand adapter each
 WORLD_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 31, 64, 100, 255, 256, 1000, 1024, 4095, 4096]
 NUMELS = [0, 1, 3, 7, 1000, 1001, 4096, 65537]  # float32 elements
 KIB, GIB = 1 << 10, 1 << 30
@@ -107,7 +114,7 @@ def test_chunk_sizes_are_chunk_bounds():
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_one_rank_costs_nothing(algorithm):
-    run = simulate(algorithm, 1, 4 * 1000, IB)
+    run = simulate(algorithm, 1, 4 * 1000, Cluster(1, NVLINK, IB))
     assert (run.time_s, run.bytes_sent, run.messages_sent, run.steps) == (0.0, (0,), (0,), 0)
 
 
@@ -118,6 +125,8 @@ def test_steps_per_algorithm():
     assert simulate("recursive_doubling", 12, 64, IB).steps == 3 + 2  # fold and unfold
     assert simulate("tree", 7, 64, IB).steps == 4  # two levels up, two down
     assert simulate("tree", 7, 64, IB, tree_pieces=4).steps == 4 + 6
+    assert simulate("halving_doubling", 1024, 4096, IB).steps == 2 * 10
+    assert simulate("two_level", 64, 4096, H100_NODES).steps == 2 * 7 + 2 * 7
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 6, 8, 100])
@@ -162,7 +171,7 @@ def test_additions_cost_time_on_the_receiver():
     assert run.time_s > simulate("naive", 5, size, link).time_s
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ANY_WORLD_SIZE)
 @pytest.mark.parametrize("world", [2, 7, 64, 1000])
 def test_time_grows_with_size(algorithm, world):
     sizes = [4 * 4**k for k in range(14)]  # 4 B .. 256 MiB
@@ -215,7 +224,7 @@ def test_a_pipelined_tree_wins_between_recursive_doubling_and_the_ring():
 
 def test_4096_ranks_complete():
     for name in ALGORITHMS:
-        run = simulate(name, 4096, 4 * (2**24 + 5), IB)  # 64 MiB and a bit: uneven chunks
+        run = simulate(name, 4096, 4 * (2**24 + 5), H100_NODES)  # 64 MiB and a bit: uneven
         assert len(run.bytes_sent) == len(run.messages_sent) == 4096
         assert run.time_s > 0
 
@@ -234,10 +243,27 @@ def test_4096_ranks_complete():
     (lambda: simulate("naive", 4, 64, IB, reduce_bytes_per_s=0), "reduce_bytes_per_s"),
     (lambda: crossovers(IB, 8, low_bytes=GIB, high_bytes=KIB), "low_bytes <= high_bytes"),
     (lambda: link_from_model(cost_model.AlphaBeta(1e-6, 0.0)), "beta_s_per_byte > 0"),
+    (lambda: simulate("halving_doubling", 12, 64, IB), "power of two, got 12"),
+    (lambda: simulate("two_level", 16, 64, IB), "pass a links.Cluster"),
+    (lambda: simulate("ring", 12, 64, H100_NODES), "multiple of ranks_per_node"),
+    (lambda: Cluster(0, NVLINK, IB), "ranks_per_node"),
+    (lambda: Cluster(8, NVLINK, "Ethernet 10G"), "pass a Link or one of"),
 ])
 def test_bad_input_says_what_to_pass(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_time_of_is_the_simulated_time_remembered():
+    for _ in range(2):  # played, then remembered
+        assert time_of("tree", 100, 4096, IB, tree_pieces=8) == simulate(
+            "tree", 100, 4096, IB, tree_pieces=8).time_s
+    assert time_of("two_level", 16, 4096, H100_NODES) == simulate(
+        "two_level", 16, 4096, H100_NODES).time_s
+    time_of("ring", 2, 64, IB)
+    for bad in (2.0, True):  # equal to 2 and 1 as keys, but not world sizes
+        with pytest.raises(ValueError, match="world_size"):
+            time_of("ring", bad, 64, IB)
 
 
 def test_link_table():
@@ -272,10 +298,32 @@ def test_plots_return_figures_with_a_line_per_algorithm():
     fig = plot_algorithms(IB, 256, points=13)
     ax = fig.axes[0]
     assert ax.get_xscale() == ax.get_yscale() == "log"
-    assert len(ax.get_lines()) == len(ALGORITHMS) + len(crossovers(IB, 256, points=13)) - 1
+    assert len(ax.get_lines()) == len(ANY_WORLD_SIZE) + len(crossovers(IB, 256, points=13)) - 1
     plt.close(fig)
     fig = plot_world_sizes(IB, 2**20, world_sizes=(2, 8, 64))
-    assert len(fig.axes[0].get_lines()) == len(ALGORITHMS)
+    assert len(fig.axes[0].get_lines()) == len(ANY_WORLD_SIZE)
+    plt.close(fig)
+
+
+def test_the_bandwidth_optimal_plot_comes_down_to_the_bound():
+    fig = plot_bandwidth_optimal(IB, 64, points=7)
+    *curves, bound = fig.axes[0].get_lines()
+    assert [c.get_label() for c in curves] == ["ring", "halving_doubling", "recursive_doubling"]
+    assert list(bound.get_ydata()) == [1, 1]
+    ring, halving, doubling = (c.get_ydata() for c in curves)
+    assert 1 < halving[-1] < ring[-1] < 1.01  # 1 GiB: both reach the bytes' own time
+    assert doubling[-1] == pytest.approx(6 / (2 * 63 / 64), rel=1e-3)  # log2(64) tensors
+    plt.close(fig)
+
+
+def test_the_topology_plot_sweeps_the_link_between_nodes():
+    fig = plot_topology(NVLINK, IB, 64, 2**30, points=5)
+    left, right = fig.axes
+    ring, two_level = (line.get_ydata() for line in left.get_lines()[:2])
+    assert all(a > b for a, b in zip(ring, two_level, strict=True))  # two-level always ahead
+    assert ring[0] / two_level[0] > ring[-1] / two_level[-1]  # the more, the slower between
+    heights = [bar.get_height() for bar in right.patches]  # ring all, between; two-level
+    assert heights == pytest.approx([2 * 63 / 64, 2 * 63 / 64, 2 * 63 / 64, 2 * 7 / 64])
     plt.close(fig)
 
 
@@ -303,8 +351,13 @@ def test_the_measured_plot_shows_the_spread_and_the_simulation():
     plt.close(fig)
 
 
-def bytes_law(algorithm, n, numel):
-    """Each algorithm's rule for the bytes each rank sends (notebook 06, section 8)."""
+def common_low_bits(a: int, b: int, bits: int) -> int:
+    """How many of the lowest ``bits`` bits a and b share before they first differ."""
+    return next((k for k in range(bits) if (a ^ b) >> k & 1), bits)
+
+
+def bytes_law(algorithm, n, numel, per_node=1):
+    """Each algorithm's rule for the bytes each rank sends (notebook 06b, section 3)."""
     size = numel * 4
     if n == 1:
         return [0]
@@ -316,21 +369,123 @@ def bytes_law(algorithm, n, numel):
         power = 1 << (n.bit_length() - 1)
         rounds, extra = power.bit_length() - 1, n - power
         return [size * (rounds + (r < extra)) if r < power else size for r in range(n)]
+    if algorithm == "halving_doubling":  # every chunk but r in, then chunk c log2-shared times
+        chunks, bits = sizes_of(numel, n), n.bit_length() - 1
+        return [size - chunks[r] + sum(c * common_low_bits(i, r, bits)
+                                       for i, c in enumerate(chunks)) for r in range(n)]
+    if algorithm == "two_level":  # a ring in the node, then a ring of its chunk across nodes
+        return [a + b for a, b in zip(two_level_inside(n, numel, per_node),
+                                      two_level_between(n, numel, per_node), strict=True)]
     return [size * ((r > 0) + sum(c < n for c in (2 * r + 1, 2 * r + 2))) for r in range(n)]
 
 
+def two_level_inside(n, numel, per_node):
+    in_node = ring_viz.bytes_sent_per_rank(numel, per_node)  # by place in the node
+    return [in_node[r % per_node] for r in range(n)]
+
+
+def two_level_between(n, numel, per_node):
+    """Rank g L + i all-reduces chunk i of the node's ring among the nodes' ranks i."""
+    across = [ring_viz.bytes_sent_per_rank(c // 4, n // per_node)  # [place][node]
+              for c in sizes_of(numel, per_node)]
+    return [across[r % per_node][r // per_node] for r in range(n)]
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8, 12, 100, 1000, 4096])
-def test_notebook_06_bytes_law_holds_for_every_algorithm(world):
+def test_notebook_06b_bytes_law_holds_for_every_algorithm(world):
     for numel in (1, 1000, 1001, 2**20 + 3):
-        for name in ALGORITHMS:
+        for name in ANY_WORLD_SIZE:
             for pieces in (1, 8):
                 run = simulate(name, world, 4 * numel, IB, tree_pieces=pieces)
                 assert list(run.bytes_sent) == bytes_law(name, world, numel)
+                assert run.bytes_between_nodes == (0,) * world  # one kind of link
 
 
-def test_notebook_06_claims_about_the_simulated_network():
+@pytest.mark.parametrize("world", [1, 2, 4, 8, 16, 64, 128])
+def test_halving_doubling_bytes_law(world):
+    """Reduce-scatter: every chunk but its own; all-gather: chunk c as many times as c and r
+    share low bits (chunk r log2 N times). Even chunks: 2(N-1)/N of the tensor, as the ring."""
+    for numel in NUMELS + [world * 1000]:
+        run = simulate("halving_doubling", world, 4 * numel, IB)
+        assert list(run.bytes_sent) == bytes_law("halving_doubling", world, numel)
+        assert run.messages_sent == (2 * (world.bit_length() - 1),) * world
+        if numel % world == 0:
+            assert all(b * world == 2 * (world - 1) * 4 * numel for b in run.bytes_sent)
+            assert run.bytes_sent == simulate("ring", world, 4 * numel, IB).bytes_sent
+
+
+@pytest.mark.parametrize("per_node, nodes", [(1, 5), (2, 3), (4, 1), (4, 4), (8, 8), (3, 7),
+                                             (8, 512)])
+def test_two_level_bytes_law(per_node, nodes):
+    world = per_node * nodes
+    for numel in NUMELS:
+        run = simulate("two_level", world, 4 * numel, Cluster(per_node, NVLINK, IB))
+        assert list(run.bytes_sent) == bytes_law("two_level", world, numel, per_node)
+        assert list(run.bytes_between_nodes) == two_level_between(world, numel, per_node)
+        if numel % world == 0:  # the ring's 2(N-1)/N in all, 2(G-1)/N between nodes
+            assert all(b * world == 2 * (world - 1) * 4 * numel for b in run.bytes_sent)
+            assert all(b * world == 2 * (nodes - 1) * 4 * numel
+                       for b in run.bytes_between_nodes)
+
+
+@pytest.mark.parametrize("world", [2, 8, 64, 1024])
+def test_halving_doubling_is_the_rings_bytes_in_2_log2_n_latencies(world):
+    model = cost_model.AlphaBeta(alpha_s=20e-6, beta_s_per_byte=1e-9)
+    link = link_from_model(model)
+    for numel in (world, 1000 * world):
+        latencies, in_a_row = cost_model.latencies_and_bytes("halving_doubling", 4 * numel,
+                                                             world)
+        assert latencies == 2 * (world.bit_length() - 1)
+        assert in_a_row == cost_model.latencies_and_bytes("ring", 4 * numel, world)[1]
+        halving = simulate("halving_doubling", world, 4 * numel, link).time_s
+        assert halving == pytest.approx(latencies * 20e-6 + in_a_row * 1e-9)
+        assert halving <= simulate("ring", world, 4 * numel, link).time_s
+
+
+def brute_force_ring_s(world, numel, cluster):
+    """Every step: the slowest of the N messages, each on the link it takes."""
+    sizes = sizes_of(numel, world)
+    return sum(max(cluster.link(r, (r + 1) % world).message_s(sizes[(r - step - shift) % world])
+                   for r in range(world))
+               for shift in (1, 0) for step in range(world - 1))
+
+
+@pytest.mark.parametrize("per_node, nodes", [(1, 3), (2, 1), (2, 3), (3, 2), (4, 5)])
+def test_a_flat_ring_on_nodes_waits_for_its_slowest_message(per_node, nodes):
+    fast, slow = Link("fast", 1e3, 0.5), Link("slow", 1e2, 0.1)
+    for inside, between in ((fast, slow), (slow, fast), (fast, fast)):
+        cluster = Cluster(per_node, inside, between)
+        for numel in (0, 1, 2, 5, 7, 13, 61):
+            run = simulate("ring", per_node * nodes, 4 * numel, cluster)
+            assert run.time_s == pytest.approx(brute_force_ring_s(per_node * nodes, numel,
+                                                                  cluster))
+            leaving = [r for r in range(run.world_size) if nodes > 1 and r % per_node ==
+                       per_node - 1]
+            assert [r for r, b in enumerate(run.bytes_between_nodes) if b] == (
+                leaving if numel else [])
+
+
+def test_two_level_time_by_hand():
+    """Even chunks, no adds: 2(L-1) messages of n/L inside, then 2(G-1) of n/N between."""
+    inside, between, n = get_link(NVLINK), get_link(IB), 2**30
+    run = simulate("two_level", 64, n, H100_NODES)
+    assert run.time_s == pytest.approx(2 * 7 * inside.message_s(n / 8)
+                                       + 2 * 7 * between.message_s(n / 64))
+    flat = simulate("ring", 64, n, H100_NODES)
+    assert flat.time_s == pytest.approx(2 * 63 * between.message_s(n / 64))
+
+
+def test_bytes_between_nodes_are_counted_message_by_message():
+    run = simulate("naive", 16, 4000, H100_NODES)  # ranks 8-15 send to rank 0 across
+    assert run.bytes_between_nodes == (8 * 4000,) + (0,) * 7 + (4000,) * 8
+    hd = simulate("halving_doubling", 64, 4 * 64, H100_NODES)  # distances 8, 16, 32 leave
+    assert hd.bytes_between_nodes == (2 * 4 * (4 + 2 + 1),) * 64
+
+
+def test_notebook_06b_claims_about_the_simulated_network():
     small, big = 4096, 64 * 2**20
-    at = {n: {a: simulate(a, n, big, IB, tree_pieces=8) for a in ALGORITHMS} for n in (8, 4096)}
+    at = {n: {a: simulate(a, n, big, IB, tree_pieces=8) for a in ANY_WORLD_SIZE}
+          for n in (8, 4096)}
     assert at[4096]["ring"].time_s < 4 * at[8]["ring"].time_s
     assert at[4096]["naive"].time_s > 500 * at[8]["naive"].time_s
     assert at[4096]["recursive_doubling"].time_s == pytest.approx(
@@ -346,5 +501,29 @@ def test_notebook_06_claims_about_the_simulated_network():
                                                  ["recursive_doubling", "tree", "ring"])
         ring_from[n] = ranges[-1].low_bytes
     assert ring_from[8] < ring_from[64] < ring_from[512] < ring_from[4096]
-    nvlink = crossovers("NVLink 4 (H100)", 8, tree_pieces=8, points=16)[-1].low_bytes
+    nvlink = crossovers(NVLINK, 8, tree_pieces=8, points=16)[-1].low_bytes
     assert nvlink > ring_from[8]
+
+
+def test_notebook_06b_claims_about_bandwidth_and_topology():
+    """4,096 ranks, 64 MiB: N divides the tensor, so every rank sends 2(N-1)/N of it."""
+    halving = {n: simulate("halving_doubling", n, 64 * 2**20, IB) for n in (1024, 4096)}
+    ring = {n: simulate("ring", n, 64 * 2**20, IB) for n in (1024, 4096)}
+    for n in (1024, 4096):
+        assert halving[n].bytes_sent == ring[n].bytes_sent == (2 * (n - 1) * 2**26 // n,) * n
+        assert ring[n].time_s > 1.4 * halving[n].time_s
+    assert ring[4096].time_s > 2.5 * halving[4096].time_s
+
+    def over_bound(name, nbytes):  # 1,024 ranks: the time over that of the bytes alone
+        return simulate(name, 1024, nbytes, IB).time_s / (
+            2 * 1023 / 1024 * nbytes / get_link(IB).bandwidth_bytes_per_s)
+
+    assert over_bound("halving_doubling", 2 << 20) > 1.1 > over_bound("halving_doubling", 4 << 20)
+    assert over_bound("ring", 256 << 20) > 1.1 > over_bound("ring", 512 << 20)
+    gain = {}
+    for between in ("InfiniBand HDR 200 Gb/s", IB, NVLINK):
+        flat, two = (simulate(a, 64, 2**30, Cluster(8, NVLINK, between)).time_s
+                     for a in ("ring", "two_level"))
+        gain[between] = flat / two
+    assert gain["InfiniBand HDR 200 Gb/s"] > gain[IB] > 4 and 1 < gain[NVLINK] < 1.03
+    assert gain[IB] == pytest.approx(4.8, abs=0.05) and gain["InfiniBand HDR 200 Gb/s"] > 6

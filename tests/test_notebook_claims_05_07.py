@@ -1,4 +1,5 @@
-"""Every claim that notebooks 05, 06 and 07 assert, asserted again with the same runs.
+"""Every claim that notebooks 05, 06, 06b and 07 assert, asserted again with the same runs
+(06b's simulated network: tests/test_network_sim.py).
 
 One launch per (module, world size), shared by the tests that read it (module-scoped fixtures).
 """
@@ -19,6 +20,7 @@ from course_lib.tasks.sequences import global_batch
 pytestmark = pytest.mark.slow
 BENCH_SIZES = [4096, 4194304]
 BENCH_ALGORITHMS = ["naive", "ring", "recursive_doubling", "torch"]
+FAST_RING_STEPS = ["fast_reuse", "fast_sliced", "fast_one_stream"]  # 06b, section 6
 STEPS = 8
 
 
@@ -55,7 +57,7 @@ def test_05_each_collective_checked_on_every_rank(tour):
     assert tour["collectives"]["reduce_scatter"]["after"] == [[s] for s in sums]
 
 
-def test_05_and_06_ping_pong_fits_alpha_beta(traced):
+def test_05_and_06b_ping_pong_fits_alpha_beta(traced):
     rows = traced["pingpong"]
     assert [r["bytes"] for r in rows] == PINGPONG_SIZES
     nbytes, fastest = [r["bytes"] for r in rows], [r["min_s"] for r in rows]
@@ -104,15 +106,26 @@ def test_06_bytes_per_rank(traced):
     assert seen == {"naive", "ring", "recursive_doubling"}
 
 
+# ---- notebook 06b --------------------------------------------------------------------------
+
+def test_06b_cost_model_counts():
+    ring, halving = (cost_model.latencies_and_bytes(a, 1.0, 1024)
+                     for a in ("ring", "halving_doubling"))
+    assert ring[1] == halving[1] < 2 and (ring[0], halving[0]) == (2046, 20)  # same bytes
+
+
 @pytest.mark.parametrize("world", [2, 4])
-def test_06_benchmark_equal_and_grows(world):
+def test_06b_benchmark_equal_and_grows(world):
+    """Section 2's benchmark, and section 6's fast ring in the same launch: every result equal
+    to dist.all_reduce's, the four algorithms' fastest calls slower at 4 MiB than at 4 KiB."""
+    algorithms = BENCH_ALGORITHMS + FAST_RING_STEPS
     result = launch("course_lib.demos.bench_all_reduce_worker", nproc=world, timeout_s=300,
                     quiet=True, args=["--sizes", *map(str, BENCH_SIZES), "--repeats", "5",
-                                      "--warmup", "1", "--algorithms", *BENCH_ALGORITHMS]).result
+                                      "--warmup", "1", "--algorithms", *algorithms]).result
     assert all(r["equal"] for r in result["rows"])
-    assert sorted({r["algorithm"] for r in result["rows"]}) == sorted(BENCH_ALGORITHMS)
-    fastest = {size: sum(r["min_s"] for r in result["rows"] if r["bytes"] == size)
-               for size in BENCH_SIZES}
+    assert sorted({r["algorithm"] for r in result["rows"]}) == sorted(algorithms)
+    fastest = {size: sum(r["min_s"] for r in result["rows"] if r["bytes"] == size
+                         and r["algorithm"] in BENCH_ALGORITHMS) for size in BENCH_SIZES}
     assert fastest[BENCH_SIZES[-1]] > fastest[BENCH_SIZES[0]]  # all four, fastest calls
 
 

@@ -1,10 +1,12 @@
 """The student copy of every notebook: what it changes, and its exercises, open and answered.
 
-For each ``notebooks/NN_*.ipynb`` found when the tests are collected, the copy that
-``scripts/make_student_notebooks.py`` writes
+For each ``notebooks/NN*_*.ipynb`` found when the tests are collected (``06b_`` too), the copy
+that ``scripts/make_student_notebooks.py`` writes
 
 (a) differs from its notebook only in its solution blocks (each now one marked line), the
-    cleared outputs of the exercise cells and the note on top;
+    cleared outputs of the exercise cells and the note on top; a notebook whose exercises are
+    questions without code to write (``QUESTIONS_ONLY``: no solution block, no checker) is
+    copied as it is, without the note (there is no line to replace);
 (b) run in a fresh kernel as a learner may run it, the notebook's first code cell (its setup)
     and then the exercise cells (the code cells after the "## Exercises" heading), prints each
     exercise's "not done yet" line, no "correct" line and no error;
@@ -31,7 +33,8 @@ from course_lib.check.mp.harness import WORLD_SIZES_ENV
 from course_lib.runtime.workspace import STUDENT_MANIFEST
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+QUESTIONS_ONLY = {"06b_cost_model_and_fast_ring"}  # exercises to answer, no code to write
 
 
 
@@ -46,18 +49,22 @@ def student_copy(source: Path, out: Path):
     return student, original, student_copies.make_student_copy(original, str(source))
 
 
-def without_note(student):
-    """The copy without the note on top, so that its cells have the notebook's numbers."""
-    assert student.cells[1].source == student_copies.NOTE
+def without_note(student, made):
+    """The copy without the note on top, so that its cells have the notebook's numbers (a copy
+    with no solution block has no note)."""
     nb = nbformat.from_dict(student)
-    del nb.cells[1]
+    if made.blocks:
+        assert nb.cells[1].source == student_copies.NOTE
+        del nb.cells[1]
+    else:
+        assert student_copies.NOTE not in {c.source for c in nb.cells}
     return nb
 
 
 def fill_in(student, made, markers: bool):
     """The copy without its note, each marked line replaced by its solution block (with the
     block's markers when ``markers``)."""
-    nb = without_note(student)
+    nb = without_note(student, made)
     for i in sorted({b.cell for b in made.blocks}):
         blocks = sorted((b for b in made.blocks if b.cell == i), key=lambda b: b.begin)
         lines = []
@@ -77,7 +84,7 @@ def fill_in(student, made, markers: bool):
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_copy_changes_only_solutions_and_exercise_outputs(source, tmp_path):
     student, original, made = student_copy(source, tmp_path)
-    assert made.blocks, "a notebook without exercises"
+    assert made.blocks or source.stem in QUESTIONS_ONLY, "a notebook without exercises"
     assert not any("SOLUTION" in c.source for c in student.cells)
     assert {b.cell for b in made.blocks} <= made.cleared
     restored = fill_in(student, made, markers=True)
@@ -116,7 +123,8 @@ def run_exercises(nb, folder: Path, mode: str) -> dict:
 def check_run(source: Path, tmp_path: Path, mode: str) -> None:
     made = student_copies.make_student_copy(nbformat.read(source, as_version=4), str(source))
     student = made.notebook  # the copy the command line writes: test_copy_changes_only_...
-    nb = fill_in(student, made, markers=False) if mode == "answered" else without_note(student)
+    nb = fill_in(student, made, markers=False) if mode == "answered" else without_note(student,
+                                                                                        made)
     cells = run_exercises(nb, tmp_path, mode)
     failed = {i: f"{e.ename}: {e.evalue}" for i, c in cells.items() for e in errors(c)}
     assert not failed, "exercise cells that failed"
@@ -146,5 +154,6 @@ def test_answered_exercises_print_correct(source, tmp_path):
 
 def test_every_notebook_is_collected():
     names = {p.name for p in NOTEBOOKS}
-    assert "00_start_here.ipynb" in names and len(names) >= 12
+    assert "00_start_here.ipynb" in names and len(names) >= 13
+    assert "06b_cost_model_and_fast_ring.ipynb" in names  # NN*_: a letter after the number too
     assert all(name[:2].isdigit() for name in names)

@@ -1,16 +1,20 @@
 """The alpha-beta model of sending a message, and what it predicts for all-reduce
-(notebooks 05 and 06).
+(notebooks 05 and 06b).
 
     time to send n bytes = alpha + beta x n
 
 alpha is the latency (seconds per message, whatever its size) and beta the seconds per byte
 (1 / bandwidth). Notebook 05 measures ping-pong times (``course_lib.demos.latency_bandwidth``)
-and fits the two numbers; notebook 06 uses them to predict each all-reduce algorithm:
+and fits the two numbers; notebook 06b uses them to predict each all-reduce algorithm:
 
     from course_lib.lessons.cost_model import fit_alpha_beta, predict_all_reduce_s
     model = fit_alpha_beta(sizes_in_bytes, one_way_seconds)
     model.alpha_s, model.bandwidth_bytes_per_s
+    latencies_and_bytes("ring", nbytes=4 * 2**20, world_size=4)   # (6, 6291456.0)
     predict_all_reduce_s(model, "ring", nbytes=4 * 2**20, world_size=4)
+
+An all-reduce then costs (latencies in a row) x alpha + (bytes in a row) x beta: the messages
+one rank sends or waits for one after the other, and their bytes.
 
 Everything here is plain arithmetic on numbers: no processes, no timing.
 """
@@ -21,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-ALGORITHMS = ("naive", "ring", "recursive_doubling")
+ALGORITHMS = ("naive", "ring", "recursive_doubling")  # as course_lib.core.collectives runs them
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,16 @@ def relative_errors(model: AlphaBeta, nbytes: Sequence[float],
     return [(model.time_s(n) - t) / t for n, t in zip(nbytes, seconds, strict=True)]
 
 
+def _check_algorithm(algorithm: str, world_size: int) -> None:
+    known = ALGORITHMS + ("halving_doubling",)
+    if algorithm not in known:
+        raise ValueError(f"unknown algorithm {algorithm!r}; pick one of {known}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
+    if algorithm == "halving_doubling" and world_size & (world_size - 1):
+        raise ValueError(f"halving_doubling needs a power-of-two world size, got {world_size}")
+
+
 def all_reduce_messages(algorithm: str, nbytes: float, world_size: int) -> tuple[int, float]:
     """``(messages, bytes per message)`` on the slowest rank's path, one after the other.
 
@@ -98,11 +112,12 @@ def all_reduce_messages(algorithm: str, nbytes: float, world_size: int) -> tuple
     ring: 2(N-1) steps (reduce-scatter, then all-gather), each moving one chunk of n/N bytes.
     recursive_doubling: log2(N) swaps of the whole tensor; a world size that is not a power
     of two adds one fold and one unfold.
+    (halving_doubling's messages differ in size: see ``latencies_and_bytes``.)
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; pick one of {ALGORITHMS}")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
+    if algorithm == "halving_doubling":
+        raise ValueError("halving_doubling's messages are n/2, n/4, ..., n/N bytes, not one "
+                         "size: use latencies_and_bytes")
+    _check_algorithm(algorithm, world_size)
     if world_size == 1:
         return 0, 0.0  # nothing to send
     n = world_size
@@ -115,14 +130,30 @@ def all_reduce_messages(algorithm: str, nbytes: float, world_size: int) -> tuple
     return rounds + extra, float(nbytes)
 
 
+def latencies_and_bytes(algorithm: str, nbytes: float, world_size: int) -> tuple[int, float]:
+    """``(latencies, bytes)`` in a row on the slowest rank's path: the time is
+    latencies x alpha + bytes x beta.
+
+    The ring and halving-doubling both move 2(N-1)/N of the tensor (bandwidth-optimal); the
+    ring pays 2(N-1) latencies for it, halving-doubling 2 log2(N) (messages of n/2, n/4, ...,
+    n/N bytes, then back up). Naive and recursive doubling send whole tensors.
+    """
+    _check_algorithm(algorithm, world_size)
+    if algorithm != "halving_doubling":
+        messages, per_message = all_reduce_messages(algorithm, nbytes, world_size)
+        return messages, messages * per_message
+    rounds = world_size.bit_length() - 1  # log2(N)
+    return 2 * rounds, 2 * (world_size - 1) / world_size * nbytes
+
+
 def predict_all_reduce_s(model: AlphaBeta, algorithm: str, nbytes: float,
                          world_size: int) -> float:
     """Seconds the alpha-beta model predicts for one all-reduce of ``nbytes`` bytes.
 
     Each message costs alpha + beta x its bytes; the adds on the CPU are not counted.
     """
-    messages, per_message = all_reduce_messages(algorithm, nbytes, world_size)
-    return messages * model.time_s(per_message)  # messages on the critical path, one by one
+    latencies, in_a_row = latencies_and_bytes(algorithm, nbytes, world_size)
+    return latencies * model.alpha_s + in_a_row * model.beta_s_per_byte
 
 
 def ring_bytes_fraction(world_size: int) -> float:

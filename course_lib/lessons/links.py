@@ -1,13 +1,16 @@
-"""Named links, and a network of N ranks with one link each (notebook 06's simulator,
+"""Named links, nodes of ranks, and a network of N ranks (the simulator of notebook 06b,
 ``course_lib.lessons.network_sim``).
 
 A link is what one rank has to the others: a bandwidth per direction (full duplex: it can send
 and receive at that rate at the same time) and a latency, the fixed cost of one message.
-``Network`` keeps, for each rank, when its sending and receiving sides are next free.
+A ``Cluster`` puts the ranks in nodes: a fast link between the ranks of one node, a slower one
+between nodes. ``Network`` keeps, for each rank, when its sending and receiving sides are next
+free, and what it sent.
 
-    from course_lib.lessons.links import LINKS, get_link, link_from_model
+    from course_lib.lessons.links import LINKS, Cluster, get_link, link_from_model
     get_link("InfiniBand NDR 400 Gb/s").bandwidth_bytes_per_s   # 50e9
     link_from_model(model)        # this machine, from notebook 05's fitted alpha and beta
+    Cluster(8, "NVLink 4 (H100)", "InfiniBand NDR 400 Gb/s")   # 8 GPUs per node
 
 Bandwidths are the vendors' published peak figures, per direction, after line encoding; real
 transfers reach somewhat less. Vendors rarely publish a latency for one message end to end
@@ -75,28 +78,100 @@ def link_from_model(model: AlphaBeta, name: str = "this machine") -> Link:
     return Link(name, model.bandwidth_bytes_per_s, model.alpha_s)
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """Ranks in nodes of ``ranks_per_node``, numbered node by node (node = rank // per node).
+
+    A message between two ranks of one node takes the ``inside`` link, between two nodes the
+    ``between`` link. Each rank has one link of each kind, as each GPU of an H100 server has its
+    NVLink ports and an InfiniBand adapter of its own; switches never slow anything down.
+    """
+
+    ranks_per_node: int
+    inside: Link | str
+    between: Link | str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) \
+                or self.ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be a whole number >= 1, got "
+                             f"{self.ranks_per_node!r}")
+        object.__setattr__(self, "inside", get_link(self.inside))  # names become Links
+        object.__setattr__(self, "between", get_link(self.between))
+
+    @property
+    def name(self) -> str:
+        return (f"{self.ranks_per_node} per node, {self.inside.name} inside, "
+                f"{self.between.name} between")
+
+    def same_node(self, a: int, b: int) -> bool:
+        return a // self.ranks_per_node == b // self.ranks_per_node
+
+    def link(self, a: int, b: int) -> Link:
+        """The link a message from rank a to rank b takes."""
+        return self.inside if self.same_node(a, b) else self.between
+
+
+def get_links(links: Link | str | Cluster) -> Link | Cluster:
+    """A ``Cluster`` as it is; otherwise ``get_link``'s Link."""
+    return links if isinstance(links, Cluster) else get_link(links)
+
+
 class Network:
-    """N ranks, each with one such link: when each side is next free, and what each rank sent.
+    """N ranks on one kind of link, or in a ``Cluster``'s nodes: when each side of each rank is
+    next free, and what each rank sent (all of it, and the part that left its node).
 
     ``course_lib.lessons.network_sim`` plays the all-reduce schedules on it.
     """
 
-    def __init__(self, world_size: int, link: Link, reduce_bytes_per_s: float | None) -> None:
-        self.link, self.reduce_bytes_per_s = link, reduce_bytes_per_s
+    def __init__(self, world_size: int, links: Link | Cluster,
+                 reduce_bytes_per_s: float | None) -> None:
+        self.world_size, self.links = world_size, links
+        self.reduce_bytes_per_s = reduce_bytes_per_s
         self.send_free = [0.0] * world_size
         self.receive_free = [0.0] * world_size  # the receiver's add included
         self.bytes_sent = [0] * world_size
+        self.bytes_between_nodes = [0] * world_size  # the part of bytes_sent that left the node
         self.messages_sent = [0] * world_size
+        self.cluster = links if isinstance(links, Cluster) else None
+
+    def leaves_node(self, a: int, b: int) -> bool:
+        """Whether a message from rank a to rank b leaves a's node (never on one kind of link)."""
+        return self.cluster is not None and not self.cluster.same_node(a, b)
 
     def add_s(self, nbytes: int) -> float:
         return nbytes / self.reduce_bytes_per_s if self.reduce_bytes_per_s else 0.0
 
     def send(self, src: int, dst: int, nbytes: int, ready_s: float, add: bool = False) -> float:
         """Send once the data is ready and both sides are free; returns when dst is done."""
+        cluster = self.cluster
+        link = self.links if cluster is None else cluster.link(src, dst)
         start = max(ready_s, self.send_free[src], self.receive_free[dst])
-        arrived = start + self.link.message_s(nbytes)
-        done = arrived + (self.add_s(nbytes) if add else 0.0)
+        arrived = start + link.message_s(nbytes)
+        done = arrived + self.add_s(nbytes) if add else arrived
         self.send_free[src], self.receive_free[dst] = arrived, done
         self.bytes_sent[src] += nbytes
         self.messages_sent[src] += 1
+        if cluster is not None and not cluster.same_node(src, dst):
+            self.bytes_between_nodes[src] += nbytes
         return done
+
+    def ring_step_s(self, first_big: int, bigger: int, big: int, small: int) -> float:
+        """How long one step of a ring of all N ranks lasts (rank r sends to r + 1): as long as
+        its slowest message. Ranks first_big .. first_big + bigger - 1 (mod N) send ``big``
+        bytes, the others ``small``."""
+        cluster = self.cluster
+        if cluster is None:
+            return self.links.message_s(big if bigger else small)
+        per_node, n = cluster.ranks_per_node, self.world_size
+        nodes = n // per_node
+        # the last rank of each node sends to the next node; count those among the big senders
+        leaving_big = len(range((per_node - 1 - first_big) % per_node, bigger, per_node))
+        if nodes == 1:
+            leaving_big = 0  # one node: the ring closes inside it
+        leaving = nodes if nodes > 1 else 0
+        sends = [(cluster.between, big, leaving_big > 0),
+                 (cluster.between, small, leaving_big < leaving),
+                 (cluster.inside, big, bigger - leaving_big > 0),
+                 (cluster.inside, small, n - bigger - (leaving - leaving_big) > 0)]
+        return max(link.message_s(size) for link, size, used in sends if used)

@@ -1,4 +1,4 @@
-"""All-reduce on 8 to 4,096 simulated ranks: what the alpha-beta model is for (notebook 06).
+"""All-reduce on 8 to 4,096 simulated ranks: what the alpha-beta model is for (notebook 06b).
 
 This laptop runs 2 to 4 processes; a cluster runs thousands. The simulator plays each
 all-reduce's schedule over N ranks and adds up the time. Plain Python: no processes, no tensors.
@@ -7,6 +7,8 @@ all-reduce's schedule over N ranks and adds up the time. Plain Python: no proces
     run = network_sim.simulate("ring", 1024, 64 * 2**20, "InfiniBand NDR 400 Gb/s")
     run.time_s, run.bytes_sent[0], run.messages_sent[0], run.steps
     network_sim.crossovers("InfiniBand NDR 400 Gb/s", 1024)  # which algorithm wins where
+    nodes = Cluster(8, "NVLink 4 (H100)", "InfiniBand NDR 400 Gb/s")  # links.Cluster
+    network_sim.simulate("two_level", 512, 64 * 2**20, nodes).bytes_between_nodes
 
 Its plots are in ``course_lib.lessons.network_plots``.
 
@@ -19,38 +21,55 @@ The algorithms (the first three as ``course_lib.core.collectives`` runs them):
 - tree: one binary tree (rank r's children are 2r+1 and 2r+2): reduce to rank 0, then
   broadcast from it; the whole tensor, or ``tree_pieces`` pieces one behind the other.
   NCCL's double binary tree is another design: two trees, each carrying half the data in
-  small pipelined chunks, so that no rank's link idles.
+  small pipelined chunks, so that no rank's link idles;
+- halving_doubling (Rabenseifner's algorithm, N a power of two): a reduce-scatter in log2(N)
+  rounds, rank r swapping with r XOR 2^k and keeping half of the chunks it still holds, then
+  an all-gather in the same rounds backwards: the ring's bytes, 2(N-1)/N of the tensor per
+  rank, in 2 log2(N) messages instead of 2(N-1);
+- two_level (on a ``Cluster``): a ring reduce-scatter inside each node, then, for each chunk,
+  a ring all-reduce across the nodes of the ranks that hold it, then a ring all-gather inside
+  each node. Only 2(G-1)/N of the tensor leaves each rank's node (G nodes), where a flat
+  ring's boundary ranks send all of their 2(N-1)/N between nodes.
 
 The network model (``course_lib.lessons.links``):
-- each rank has one full-duplex link: it can send one message and receive one at a time;
+- each rank has one full-duplex link (one of each kind on a ``Cluster``): it can send one
+  message and receive one at a time;
 - a message of n bytes from a to b occupies a's sending side and b's receiving side for
   latency + n / bandwidth seconds; a message that needs a side in use waits for it;
 - a rank adds a message into its sum before it takes the next one (as collectives.py does);
   an add costs n / reduce_bytes_per_s seconds, nothing by default;
-- every pair of ranks is one hop apart and nothing else shares the network: no topology,
-  no congestion in switches, no noise. The ring is not cut into slices as collectives.py's is.
+- every pair of ranks is one hop apart and nothing else shares the network: no topology
+  beyond a ``Cluster``'s two links, no congestion in switches, no noise. The ring is not cut
+  into slices as fast_ring.py's is.
 
-The ring is simulated step by step (every step uses each side of every link once, so a step
-lasts as long as its largest message); the others message by message, each message starting
-when its data is ready and both sides are free, in the order the schedule lists them.
+The rings (ring, two_level) are simulated step by step (every step uses each side of every
+link once, so a step lasts as long as its slowest message); the others message by message,
+each message starting when its data is ready and both sides are free, in the order the
+schedule lists them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
+from functools import lru_cache
 from typing import Sequence
 
+from course_lib.lessons import network_schedules as schedules
 from course_lib.lessons.cost_model import AlphaBeta
-from course_lib.lessons.links import Link, Network, get_link, link_from_model
+from course_lib.lessons.links import Cluster, Link, Network, get_links, link_from_model
+from course_lib.lessons.network_schedules import chunk_sizes
 
-ALGORITHMS = ("naive", "ring", "recursive_doubling", "tree")
+__all__ = ["ALGORITHMS", "ANY_WORLD_SIZE", "FLOAT32", "SizeRange", "Simulation", "chunk_sizes",
+           "crossovers", "fastest", "predict_rows", "simulate", "size_grid", "time_of"]
+
+ANY_WORLD_SIZE = ("naive", "ring", "recursive_doubling", "tree")  # fastest's default race
+ALGORITHMS = ANY_WORLD_SIZE + ("halving_doubling", "two_level")
 FLOAT32 = 4  # bytes per element: the course's tensors are float32
 
 
 @dataclass(frozen=True)
 class Simulation:
-    """One all-reduce of ``nbytes`` bytes over ``world_size`` ranks on one kind of link."""
+    """One all-reduce of ``nbytes`` bytes over ``world_size`` ranks on one network."""
 
     algorithm: str
     world_size: int
@@ -60,105 +79,11 @@ class Simulation:
     bytes_sent: tuple[int, ...]  # per rank
     messages_sent: tuple[int, ...]  # per rank
     steps: int  # rounds of the schedule (see simulate)
+    bytes_between_nodes: tuple[int, ...] = ()  # per rank, the part that left its node
 
     @property
     def max_bytes_sent(self) -> int:
         return max(self.bytes_sent)
-
-
-def chunk_sizes(numel: int, parts: int) -> list[int]:
-    """Elements per chunk, cut as ``collectives.chunk_bounds`` cuts: the first numel % parts
-    chunks get one element more."""
-    base, extra = divmod(numel, parts)
-    return [base + 1] * extra + [base] * (parts - extra)
-
-
-def _naive(n: int, numel: int, element_size: int, net: Network) -> tuple[float, int]:
-    size = numel * element_size
-    total = 0.0
-    for src in range(1, n):  # rank 0 takes one tensor at a time, in rank order, and adds it
-        total = net.send(src, 0, size, 0.0, add=True)
-    finished = total
-    for dst in range(1, n):  # then sends the sum out, one copy after another
-        finished = net.send(0, dst, size, total)
-    return finished, 2 * (n - 1)
-
-
-def _recursive_doubling(n: int, numel: int, element_size: int,
-                        net: Network) -> tuple[float, int]:
-    size = numel * element_size
-    power = 1 << (n.bit_length() - 1)  # the largest power of two <= N
-    ready = [0.0] * n  # when each rank's partial sum is ready
-    rounds = 0
-    if power < n:  # fold: rank r >= power hands its tensor to rank r - power
-        for r in range(power, n):
-            ready[r - power] = net.send(r, r - power, size, ready[r], add=True)
-        rounds += 1
-    distance = 1
-    while distance < power:  # r and r XOR distance swap: each side of each link used once
-        before = list(ready)  # both partners send what they held before the swap
-        for r in range(power):
-            ready[r] = net.send(r ^ distance, r, size, before[r ^ distance], add=True)
-        distance, rounds = distance * 2, rounds + 1
-    if power < n:  # unfold: the extra ranks get the sum back
-        for r in range(power, n):
-            ready[r] = net.send(r - power, r, size, ready[r - power])
-        rounds += 1
-    return max(ready), rounds
-
-
-def _around_the_ring(diff: list[int], first: int, count: int, amount: int) -> None:
-    """Add ``amount`` to ranks first .. first + count - 1 (mod N), kept as differences."""
-    n = len(diff) - 1
-    diff[first] += amount
-    if first + count <= n:
-        diff[first + count] -= amount
-    else:  # the stretch wraps round past rank N - 1 to rank 0
-        diff[n] -= amount
-        diff[0] += amount
-        diff[first + count - n] -= amount
-
-
-def _ring(n: int, numel: int, element_size: int, net: Network) -> tuple[float, int]:
-    """Step by step; each rank's bytes follow the send rule without looping over all sends."""
-    base, bigger = divmod(numel, n)  # chunk_bounds: the first `bigger` chunks have base + 1
-    small, big = base * element_size, (base + 1) * element_size
-    largest = big if bigger else small  # every step sends all N chunks, one per rank
-    diff, total = [0] * (n + 1), 0.0
-    for shift, adds in ((1, True), (0, False)):  # reduce-scatter, then all-gather
-        for step in range(n - 1):
-            # rank r sends chunk (r - step - shift) mod N (ring_viz.send_chunk), so the ranks
-            # that send one of the bigger chunks 0 .. bigger-1 start at rank step + shift
-            _around_the_ring(diff, (step + shift) % n, bigger, big - small)
-            total += net.link.message_s(largest) + (net.add_s(largest) if adds else 0.0)
-    net.bytes_sent = [2 * (n - 1) * small + more for more in accumulate(diff[:n])]
-    net.messages_sent = [2 * (n - 1)] * n
-    return total, 2 * (n - 1)
-
-
-def _tree(n: int, numel: int, element_size: int, net: Network,
-          pieces: int) -> tuple[float, int]:
-    """Binary tree, rank r's children 2r+1 and 2r+2: reduce to rank 0, then broadcast.
-
-    With ``pieces`` > 1 the tensor is cut into pieces (as chunk_bounds cuts) that follow each
-    other up the tree, and then down, so that different levels work on different pieces.
-    """
-    sizes = [c * element_size for c in chunk_sizes(numel, min(pieces, max(numel, 1)))]
-    children = [[c for c in (2 * r + 1, 2 * r + 2) if c < n] for r in range(n)]
-    ready = [[0.0] * n for _ in sizes]  # ready[p][r]: r holds its subtree's sum of piece p
-    for p, size in enumerate(sizes):
-        for r in reversed(range(n)):  # children have higher ranks: they go first
-            for child in children[r]:  # one at a time through r's receiving side
-                ready[p][r] = net.send(child, r, size, ready[p][child], add=True)
-    finished = 0.0
-    for p, size in enumerate(sizes):
-        have = [ready[p][0]] + [0.0] * (n - 1)  # when each rank holds the sum of piece p
-        for r in range(n):  # parents before children
-            for child in children[r]:  # one copy after another through r's sending side
-                have[child] = net.send(r, child, size, have[r])
-        finished = max(finished, *have)
-    depth = n.bit_length() - 1  # levels below rank 0
-    return finished, 2 * (depth + len(sizes) - 1) if n > 1 else 0
 
 
 def _whole_number(value, name: str, minimum: int) -> None:
@@ -177,26 +102,44 @@ def _check(algorithm: str, world_size: int, nbytes: int, element_size: int) -> N
                          "elements; pass a multiple of element_size")
 
 
-def simulate(algorithm: str, world_size: int, nbytes: int, link: Link | str, *,
+def _check_network(algorithm: str, world_size: int, links: Link | Cluster) -> None:
+    if algorithm == "halving_doubling" and world_size & (world_size - 1):
+        raise ValueError(f"halving_doubling pairs rank r with r XOR 2^k, so world_size must be a "
+                         f"power of two, got {world_size}; recursive_doubling folds extra ranks")
+    if algorithm == "two_level" and not isinstance(links, Cluster):
+        raise ValueError("two_level needs nodes: pass a links.Cluster(ranks_per_node, inside, "
+                         "between) as the link")
+    if isinstance(links, Cluster) and world_size % links.ranks_per_node:
+        raise ValueError(f"world_size={world_size} does not fill nodes of "
+                         f"{links.ranks_per_node} ranks; pass a multiple of ranks_per_node")
+
+
+def simulate(algorithm: str, world_size: int, nbytes: int, link: Link | str | Cluster, *,
              element_size: int = FLOAT32, reduce_bytes_per_s: float | None = None,
              tree_pieces: int = 1) -> Simulation:
     """One all-reduce of a tensor of ``nbytes`` bytes on ``world_size`` ranks.
 
-    ``steps``: naive 2(N-1) (rank 0's messages, one by one); ring 2(N-1); recursive doubling
-    log2 of the largest power of two <= N, plus a fold and an unfold otherwise; tree 2 x its
-    depth, plus 2 x (pieces - 1) when pipelined. A 1-rank all-reduce sends nothing.
+    ``link``: one kind of link for every pair of ranks (a ``Link`` or its name in ``LINKS``),
+    or a ``Cluster`` of nodes. ``steps``: naive 2(N-1) (rank 0's messages, one by one); ring
+    2(N-1); recursive doubling log2 of the largest power of two <= N, plus a fold and an unfold
+    otherwise; halving-doubling 2 log2(N); two-level 2(L-1) + 2(G-1) for G nodes of L ranks;
+    tree 2 x its depth, plus 2 x (pieces - 1) when pipelined. A 1-rank all-reduce sends nothing.
     """
     _check(algorithm, world_size, nbytes, element_size)
     _whole_number(tree_pieces, "tree_pieces", 1)
     if reduce_bytes_per_s is not None and not reduce_bytes_per_s > 0:
         raise ValueError("reduce_bytes_per_s must be > 0, or None for free additions")
-    link = get_link(link)
-    net = Network(world_size, link, reduce_bytes_per_s)
-    run = {"naive": _naive, "ring": _ring, "recursive_doubling": _recursive_doubling,
-           "tree": lambda *args: _tree(*args, pieces=tree_pieces)}[algorithm]
-    time_s, steps = run(world_size, nbytes // element_size, element_size, net)
-    return Simulation(algorithm, world_size, nbytes, link.name, time_s, tuple(net.bytes_sent),
-                      tuple(net.messages_sent), steps)
+    links = get_links(link)
+    _check_network(algorithm, world_size, links)
+    net = Network(world_size, links, reduce_bytes_per_s)
+    run = {"naive": schedules.naive, "ring": schedules.ring,
+           "recursive_doubling": schedules.recursive_doubling,
+           "halving_doubling": schedules.halving_doubling, "two_level": schedules.two_level,
+           "tree": lambda *args: schedules.tree(*args, pieces=tree_pieces)}[algorithm]
+    time_s, steps = (0.0, 0) if world_size == 1 else run(
+        world_size, nbytes // element_size, element_size, net)
+    return Simulation(algorithm, world_size, nbytes, links.name, time_s, tuple(net.bytes_sent),
+                      tuple(net.messages_sent), steps, tuple(net.bytes_between_nodes))
 
 
 @dataclass(frozen=True)
@@ -208,11 +151,26 @@ class SizeRange:
     high_bytes: int
 
 
-def fastest(link: Link | str, world_size: int, nbytes: int,
-            algorithms: Sequence[str] = ALGORITHMS, **options) -> str:
+def time_of(algorithm: str, world_size: int, nbytes: int, link: Link | str | Cluster,
+            **options) -> float:
+    """``simulate(...).time_s``, remembered: crossovers and plots ask again for sizes they
+    have timed."""
+    _whole_number(world_size, "world_size (the number of ranks)", 1)  # 2.0 is not 2 here
+    _whole_number(nbytes, "nbytes (the tensor's size in bytes)", 0)
+    return _remembered_time_s(algorithm, world_size, nbytes, get_links(link),
+                              tuple(sorted(options.items())))
+
+
+@lru_cache(maxsize=1 << 14)  # floats only: a few hundred kB when full
+def _remembered_time_s(algorithm: str, world_size: int, nbytes: int, links: Link | Cluster,
+                       options: tuple) -> float:
+    return simulate(algorithm, world_size, nbytes, links, **dict(options)).time_s
+
+
+def fastest(link: Link | str | Cluster, world_size: int, nbytes: int,
+            algorithms: Sequence[str] = ANY_WORLD_SIZE, **options) -> str:
     """The algorithm with the shortest simulated time (the first listed, on a tie)."""
-    times = {name: simulate(name, world_size, nbytes, link, **options).time_s
-             for name in algorithms}
+    times = {name: time_of(name, world_size, nbytes, link, **options) for name in algorithms}
     return min(algorithms, key=times.__getitem__)
 
 
@@ -228,7 +186,7 @@ def size_grid(low_bytes: int, high_bytes: int, points: int, element_size: int) -
 
 def crossovers(link: Link | str, world_size: int, *, low_bytes: int = 1 << 10,
                high_bytes: int = 1 << 30, points: int = 31,
-               algorithms: Sequence[str] = ALGORITHMS, element_size: int = FLOAT32,
+               algorithms: Sequence[str] = ANY_WORLD_SIZE, element_size: int = FLOAT32,
                **options) -> list[SizeRange]:
     """Which algorithm wins for which sizes, small to large: each range after the first
     starts at a crossover, found by bisection to one element. The winner is checked at

@@ -69,12 +69,16 @@ def test_slider_found_in_saved_widget_state(tmp_path):
 
 
 def test_fixture_notebook_exercises_every_check():
-    """The fixture keeps the harness honest: a plot, a slider and lines from two ranks."""
+    """The fixture keeps the harness honest: a plot, a slider, lines from two ranks, and two
+    exercise reports (a wrong answer, a launched file that raises), the only errors it holds."""
     expected = read_expectation(FIXTURE)
     assert expected.png_total >= 1
     assert expected.slider_cell is not None and expected.slider_in_state
     assert [c.ranks for c in expected.multi_rank_cells] == [(0, 1)]
-    assert not any(c.error_allowed for c in expected.cells)
+    reports = expected.report_cells
+    assert [c.index for c in expected.cells if c.error_allowed] == sorted(reports)
+    assert len(reports) == 2 and all(len(lines) >= 3 for lines in reports.values())
+    assert "IndexError: list index out of range" in reports[max(reports)]
 
 
 def test_a_page_that_matches_has_no_problems(tmp_path):
