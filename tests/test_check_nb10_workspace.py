@@ -1,68 +1,134 @@
-"""Exercise 10.4: the learner's ZeRO-1 step in workspace/my_zero.py, launched on 2, 3 and 4
-processes and compared with plain data parallelism (SGD with momentum, AdamW); realistic wrong
-versions get the hint that names their mistake."""
+"""Exercise 10.4: the learner's ZeRO-1 step in workspace/my_zero.py, launched on several
+processes and compared with plain data parallelism (SGD with momentum, AdamW). The reference is
+the notebook's own file; other right answers pass too, and each wrong answer, an edit of the
+reference launched on 2 processes, gets the hint that names its mistake and no other."""
 
 import re
 import subprocess
 import sys
 
 import pytest
-from check_reports import shown_report
+from answer_edits import edited, reference, skeleton
+from check_reports import checked_lines, file_hint
 
 from course_lib.check import nb10
+from course_lib.check.checker import ExerciseError
 from course_lib.check.mp import zero_cases
 from course_lib.runtime.workspace import has_passed
 
 pytestmark = pytest.mark.slow
 
+REFERENCE = reference("my_zero.py")
+IMPORTS = "chunk_bounds, ring_all_gather, ring_reduce_scatter"
+SHARD = "torch.nn.Parameter(flat_params[start:end])"
+CHUNK = "    start, end = chunk_bounds(flat_params.numel(), n)[rank]"
+MY_CHUNK = CHUNK + "  # my chunk, cut as the ring cuts\n"  # in make_shard_optimizer
+ITS_CHUNK = CHUNK + "\n"  # in zero1_step
+REDUCE_SCATTER = "ring_reduce_scatter(flat_grad, group)"
+MEAN = "shard.grad = flat_grad[start:end] / n"
+STEP = "    optimizer.step()  # updates my chunk of flat_params, in place\n"
+ALL_GATHER = "    ring_all_gather(flat_params, group)  # every chunk from its owner, to every " \
+             "rank\n"
+FLOOR = "    size = flat_params.numel() // n  # values per rank\n" \
+        "    start, end = rank * size, (rank + 1) * size\n"
 
-def hint_for(workspace, answer: str, world_sizes=(2,)) -> str:
-    path = workspace.put(answer, "my_zero.py")
-    hint = shown_report(nb10.my_zero, path, nb10, zero_cases, world_sizes=world_sizes)
-    assert not has_passed("10.4", path)
-    return hint
+LARGER_LAST = '''
+
+def my_bounds(numel, n):
+    """Contiguous chunks, the larger ones last."""
+    base, extra = divmod(numel, n)
+    sizes = [base + (1 if r >= n - extra else 0) for r in range(n)]
+    return [(sum(sizes[:r]), sum(sizes[:r + 1])) for r in range(n)]
+'''
+RIGHT = {  # other ways to write it: each passes
+    "a copy of the chunk, copied back": [
+        (SHARD, "torch.nn.Parameter(flat_params[start:end].clone())  # a copy"),
+        (STEP, "    optimizer.step()  # updates the copy\n"
+               "    flat_params[start:end] = shard.detach()  # my new values, in flat_params\n")],
+    "the larger chunks last, summed with reduce, shared with broadcast": [
+        (IMPORTS + "\n", IMPORTS + "\n" + LARGER_LAST),
+        (MY_CHUNK, "    start, end = my_bounds(flat_params.numel(), n)[rank]  # my chunk\n"),
+        (ITS_CHUNK, "    start, end = my_bounds(flat_params.numel(), n)[rank]\n"),
+        ("    " + REDUCE_SCATTER + "  # my chunk of flat_grad now holds the sum over ranks\n",
+         "    for owner, (a, b) in enumerate(my_bounds(flat_params.numel(), n)):\n"
+         "        if b > a:  # the sum of each chunk, on its owner\n"
+         "            dist.reduce(flat_grad[a:b], group=group, group_dst=owner)\n"),
+        (ALL_GATHER, "    for owner, (a, b) in enumerate(my_bounds(flat_params.numel(), n)):\n"
+                     "        if b > a:  # each chunk from its owner, to every rank\n"
+                     "            dist.broadcast(flat_params[a:b], group=group,\n"
+                     "                           group_src=owner)\n")],
+}
+MISTAKES = {  # name: (the edits, what the hint says)
+    "no average": ([(MEAN, "shard.grad = flat_grad[start:end]")],
+                   "the step used the SUM of the ranks' gradients"),
+    "no all-gather": ([(ALL_GATHER, "")],
+                      "after step 1, rank 0's own chunk is updated but the other values are "
+                      "still the old ones"),
+    "a copy of the chunk": ([(SHARD, "torch.nn.Parameter(flat_params[start:end].clone())")],
+                            "after step 1, rank 0's flat_params did not change, yet its optimizer "
+                            "updated the tensor it holds: that tensor is a copy of the chunk"),
+    "chunks of numel // N": ([(MY_CHUNK, FLOOR), (ITS_CHUNK, FLOOR)],
+                             "no rank's optimizer holds value 22 of the 23: no rank updates it; "
+                             "and rank 0's optimizer works on values 0..11 (end excluded), but "
+                             "ring_reduce_scatter leaves rank 0 the sum of 0..12"),
+    "the whole model": ([(SHARD, "torch.nn.Parameter(flat_params)"),
+                         (IMPORTS, "chunk_bounds, ring_all_reduce"),
+                         (REDUCE_SCATTER, "ring_all_reduce(flat_grad, group)"),
+                         (MEAN, "shard.grad = flat_grad / n"), (ALL_GATHER, "")],
+                        "rank 0's optimizer holds all 23 values"),
+    "an all-reduce": ([(IMPORTS, "chunk_bounds, ring_all_gather, ring_all_reduce"),
+                       (REDUCE_SCATTER, "ring_all_reduce(flat_grad, group)")],
+                      "zero1_step all-reduces: every rank gets the sum of every value"),
+}
+MARKS = ("the SUM of the ranks'", "the other values are still the old ones", "a copy of the chunk",
+         "no rank's optimizer holds", "holds all", "all-reduces", "did not change at all")
 
 
-def test_the_reference_passes_on_2_3_and_4_processes_and_is_recorded(workspace, capsys):
-    path = workspace.put("my_zero", "my_zero.py")
-    assert nb10.my_zero(path) is None  # a checker prints its verdict, returns nothing
+def test_the_reference_passes_and_is_recorded(workspace, capsys):
+    """On 4 processes (an empty chunk in the case of 3 values); the notebook's own run, which
+    nbval repeats, checks it on 2, 3 and 4."""
+    path = workspace.put(REFERENCE, "my_zero.py")
+    nb10.my_zero(path, world_sizes=(4,))
     assert capsys.readouterr().out == "Exercise 10.4: correct.\n"
     assert has_passed("10.4", path)
 
 
+@pytest.mark.parametrize("name, world_sizes", [
+    ("a copy of the chunk, copied back", (2,)),
+    ("the larger chunks last, summed with reduce, shared with broadcast", (3,)),
+])
+def test_other_right_answers_pass(workspace, capsys, name, world_sizes):
+    """Between them and the reference, a right answer on each of 2, 3 and 4 processes."""
+    path = workspace.put(edited(REFERENCE, RIGHT[name]), "my_zero.py")
+    nb10.my_zero(path, world_sizes=world_sizes)
+    assert capsys.readouterr().out == "Exercise 10.4: correct.\n"
+
+
 def test_the_skeleton_is_not_done_yet(workspace, capsys):
-    path = workspace.put("my_zero_skeleton", "my_zero.py")
-    assert nb10.my_zero(path) is None
+    nb10.my_zero(workspace.put(skeleton("my_zero.py"), "my_zero.py"))
     assert "Exercise 10.4: not done yet" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("answer, words", [
-    ("my_zero_no_average", "the step used the SUM of the ranks' gradients"),
-    ("my_zero_no_all_gather", "after step 1, rank 0's own chunk is updated but the other "
-                              "values are still the old ones"),
-    ("my_zero_floor_bounds", "rank 0's optimizer works on values 0..11 (end excluded), but the "
-                             "reduce-scatter leaves rank 0 the sum of 0..12"),
-    ("my_zero_whole_model", "rank 0's optimizer keeps state for all 23 values"),
-    ("my_zero_all_reduce_shard", "zero1_step all-reduces: ZeRO-1 needs only its own chunk's "
-                                 "sum"),
-])
-def test_a_wrong_answer_is_named_after_the_first_launch(workspace, answer, words):
-    hint = hint_for(workspace, answer)
+@pytest.mark.parametrize("name", MISTAKES)
+def test_a_wrong_answer_gets_the_hint_that_names_its_mistake(workspace, name):
+    edits, words = MISTAKES[name]
+    hint = file_hint(nb10.my_zero, workspace.put(edited(REFERENCE, edits), "my_zero.py"),
+                     world_sizes=(2,))
+    checked_lines(ExerciseError(hint), nb10, zero_cases)  # short, no checker code
     assert words in hint, hint
     assert "(case: 23 values, SGD with momentum; launched on 2 processes)" in hint
+    named = [mark for mark in MARKS if mark in hint]
+    assert named == [next(mark for mark in MARKS if mark in words)], named  # no other mistake
 
 
-def test_the_state_is_counted_per_rank_with_adamw_too():
-    """AdamW keeps two numbers per value (its 0-d step count is not counted)."""
+def test_the_reference_of_the_sum_differs_from_that_of_the_mean():
     spec = zero_cases.case_specs(3, {})[1]
     assert spec["optimizer"] == "AdamW"
-    assert zero_cases.reference(spec, 3)["state_per_value"] == 2
-    assert zero_cases.reference(spec, 3, grad_scale=3)["after"] != \
-        zero_cases.reference(spec, 3)["after"]
+    assert zero_cases.reference(spec, 3, grad_scale=3) != zero_cases.reference(spec, 3)
 
 
 def test_the_file_runs_unchanged_under_torchrun(workspace):
-    path = workspace.put("my_zero", "my_zero.py")
+    path = workspace.put(REFERENCE, "my_zero.py")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "3", path], capture_output=True, text=True,
                           timeout=300)

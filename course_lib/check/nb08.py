@@ -9,7 +9,7 @@ import os
 import torch
 
 from course_lib.check.answers import call, describe, expect_function, expect_type
-from course_lib.check.checker import exercise, expect
+from course_lib.check.checker import ExerciseError, exercise, expect
 from course_lib.check.mp import hook_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
@@ -35,11 +35,14 @@ def reference_buckets(sizes: list[int], cap: int) -> list[list[int]]:
     return [[order[position] for position in bucket] for bucket in plan]
 
 
-@exercise("8.1", pointer=(
-    "Walk the indices from the last to the first (reversed(range(len(sizes)))), keeping a "
-    "running total of the open bucket's bytes. Before adding a parameter, ask whether it "
-    "would take that total past cap; if so (and the bucket is not empty) open a new bucket "
-    "and restart the total. A parameter bigger than cap then lands alone in a new bucket."))
+@exercise("8.1", nudge=(
+    "Backward makes the last layer's gradient first, so the first bucket to leave holds the "
+    "last parameters. Fill buckets one parameter at a time, in that order: a bucket closes "
+    "when the next parameter would not fit."), pointer=(
+    "One loop over the indices, from the last to the first, with a running total of the open "
+    "bucket's bytes. Before adding a parameter, compare that total plus its size with cap: "
+    "past it (and the bucket not empty), open a new bucket and restart the total. A parameter "
+    "bigger than cap then lands alone in a bucket of its own."))
 def buckets_by_hand(plan) -> None:
     """``plan(sizes, cap)`` returns buckets of parameter indices, in launch order."""
     expect_function(plan, "check.nb08.buckets_by_hand(plan_by_hand)")
@@ -96,7 +99,10 @@ def reference_exposed_ms(events: list[dict]) -> float:
     return 1000 * sum(max(0.0, stop - max(start, end)) for start, stop in merged)
 
 
-@exercise("8.2", pointer=(
+@exercise("8.2", nudge=(
+    "The step waits only for communication that runs after backward has ended, and two "
+    "collectives running at the same time make it wait once, not twice: think of the union of "
+    "the comm intervals, cut at backward's end."), pointer=(
     "Take backward's end, the largest end_s of the compute events. Sort the comm intervals "
     "by start and move each start forward to whatever is later: backward's end, or the end "
     "of the time you have already counted. Only what remains of the interval after that is "
@@ -176,75 +182,114 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.allclose(a, b, rtol=1e-5, atol=1e-6))
 
 
+def _at(call: dict) -> str:
+    return f"line {call['line']}" if call["line"] else "a line outside your file"
+
+
+def judge_step_calls(calls: list[dict], spec: dict) -> None:
+    """One step's all-reduces: started from the hooks, without blocking, each bucket once."""
+    during = [c for c in calls if c["in_backward"]]
+    after = [c for c in calls if not c["in_backward"]]
+    blocking = [c for c in during if not c["async"]]
+    if blocking:
+        raise ExerciseError(
+            f"the all-reduce at {_at(blocking[0])} blocks (it has no async_op=True): the hook "
+            "returns only once the sum has arrived, so backward waits for the network before "
+            "it computes the next gradients, and nothing overlaps")
+    started = {c["tensor"]: c for c in during}
+    again = [c for c in after if c["tensor"] in started]
+    if again:
+        raise ExerciseError(
+            f"{_at(again[0])} all-reduces, after loss.backward() has returned, a bucket whose "
+            f"all-reduce the hook already started ({_at(started[again[0]['tensor']])}): that "
+            "bucket is summed a second time, on top of a first all-reduce still in flight")
+    if after and not during:
+        raise ExerciseError(
+            f"no overlap: no all-reduce started while backward ran; the first ({_at(after[0])}"
+            f"{'' if after[0]['async'] else ', blocking'}) started after loss.backward() had "
+            "returned, so the step waits for all of its communication after backward")
+    if after:
+        raise ExerciseError(
+            f"the all-reduce at {_at(after[0])} started after loss.backward() had returned: "
+            "that bucket left in finish(), not when it was full, so its communication does "
+            "not overlap with backward")
+    expect(not during or spec["cap_bytes"] > hook_cases.SMALL_CAP
+           or during[0]["ready"] < during[0]["total"],
+           "no overlap: the first all-reduce started only when every gradient was ready, at "
+           "the end of backward: a bucket that is full could leave while backward still "
+           "computes the others")
+
+
 def judge_hook_calls(rank: int, s: dict, spec: dict) -> None:
     """How this rank communicated: async all-reduces, waited on, started during backward."""
-    calls = [c for step in s["steps"] for c in step]
-    expect(calls, f"rank {rank} never called dist.all_reduce: each full bucket must be "
-                  "all-reduced (summed over the ranks) before finish() copies it into .grad")
-    blocking = [c for c in calls if not c["async"]]
-    expect(not blocking, f"the all-reduce at line {blocking[0]['line'] if blocking else ''} "
-                         "blocks: without async_op=True, backward waits for the network; "
-                         "start it with async_op=True, keep the handle, and wait on it in "
-                         "finish()")
+    expect(any(s["steps"]), f"rank {rank} never called dist.all_reduce: its buckets were "
+                            "never summed over the ranks")
+    for calls in s["steps"]:
+        judge_step_calls(calls, spec)
     expect(not s["unwaited"], f"rank {rank} never waited on the all-reduce started at line "
-                              f"{(s['unwaited'] or [''])[0]}: until handle.wait() returns, the "
-                              "bucket does not hold the sum yet; finish() must wait on every "
-                              "handle")
+                              f"{(s['unwaited'] or [''])[0]}: until its handle's wait() "
+                              "returns, the bucket does not hold the sum yet")
     early = s["waited_in_backward"]
     expect(not early, f"the all-reduce started at line {(early or [''])[0]} is waited on during "
-                      "backward: backward then waits for the network, as with a blocking "
-                      "all-reduce. Keep the handle and wait on it in finish()")
-    for step in s["steps"]:
-        first = step[0] if step else None
-        expect(first is None or first["in_backward"],
-               "no overlap: the first all-reduce started after loss.backward() had returned. "
-               "Start each bucket's all-reduce from the hook, as soon as that bucket is full")
-        expect(first is None or spec["cap_bytes"] > hook_cases.SMALL_CAP
-               or first["ready"] < first["total"],
-               "no overlap: the first all-reduce started only when every gradient was ready. "
-               "Start each bucket as soon as IT is full, while backward works on the rest")
+                      "backward, in the hook: backward then waits for the network, as with a "
+                      "blocking all-reduce, and nothing overlaps")
 
 
-def judge_hook_values(rank: int, s: dict, spec: dict, world: int) -> None:
+def judge_hook_values(rank: int, s: dict, world: int) -> None:
     n = s["world"]  # the size of the group the case passed
     for step, (got, want, own) in enumerate(zip(s["got"], s["expected"], s["own"],
-                                                        strict=True)):
+                                                strict=True)):
         got, want, own = (torch.tensor(v) for v in (got, want, own))
         if _close(got, want):
             continue
         expect(not torch.isnan(got).any(), f"rank {rank}: some .grad is None after finish()")
-        expect(step == 0, "the first step was right, the second is not: after finish(), the "
-                          "hooks must start the next step afresh (no handles, no counts left)")
+        expect(step == 0 or s["steps"][step], "the first step was right, the second is not: "
+               "in the second step the hooks started no all-reduce, so something left over "
+               "from the first step (a count, a handle) stops them")
+        expect(step == 0, "the first step was right, the second is not: something left over "
+                          "from the first step (a count, a handle) changes the second")
         expect(not _close(got, own / n),
                "a bucket was read before its all-reduce had finished: it still held this "
-               "rank's own gradient. Wait on a bucket's handle before you divide it or copy it "
-               "into .grad")
-        expect(not _close(got, own), f"rank {rank}'s .grad still holds its own gradient: "
-                                     "finish() must copy each averaged bucket back into .grad")
+               "rank's own gradient when it went into .grad (the sum lands in the bucket only "
+               "once the handle's wait() returns)")
+        expect(not _close(got, own), f"rank {rank}'s .grad still holds its own gradient: the "
+                                     "averaged buckets never reached .grad")
         expect(not _close(got, want * n), "the gradients are the SUM over the ranks, N times "
-                                          "DDP's: divide each bucket by the world size")
+                                          "DDP's: nothing divides them by the world size")
         expect(n == world or not _close(got, want * n / world),
-               "you divided by the size of the whole world, not of the group you were given: "
-               "use dist.get_world_size(group)")
-        expect(False, f"rank {rank}'s gradients differ from DDP's (rtol 1e-5): each bucket "
-                      "must hold its parameters' gradients, summed over the ranks, then divided "
-                      "by the world size")
+               "you divided by the size of the whole world, not of the group you were given")
+        expect(False, f"rank {rank}'s gradients differ from DDP's (rtol 1e-5): each .grad must "
+                      "end as its parameter's gradient summed over the ranks, divided by the "
+                      "world size")
 
 
 def judge_hooks_case(summary: dict, by_rank: dict, run) -> None:
     spec = {s["name"]: s for s in hook_cases.case_specs(run.world_size, {})}[summary["name"]]
     for rank in range(summary["ranks"]):
         judge_hook_calls(rank, by_rank[rank], spec)
-        judge_hook_values(rank, by_rank[rank], spec, run.world_size)
+        judge_hook_values(rank, by_rank[rank], run.world_size)
 
 
-@exercise("8.3", pointer=(
-    "In gradient_ready: find the parameter's bucket and offset in self.where, copy its "
-    ".grad (flattened) into that slice of the bucket's flat tensor, count it, and when the "
-    "count reaches the bucket's length call dist.all_reduce(flat, group=self.group, "
-    "async_op=True) and keep the handle. In finish: for each handle, wait() first, then "
-    "divide the bucket by the world size and copy each slice back into p.grad (view it as "
-    "p.shape); finally clear the handles and the counts."))
+def explain_hooks_error(error: dict, text: str) -> str:
+    """A sentence for the exceptions this exercise knows."""
+    if "NoneType" in error["message"] and "wait" in error["message"]:
+        return ("dist.all_reduce returns a handle only with async_op=True; without it, it "
+                "returns None, after waiting for the sum itself.")
+    return ""
+
+
+@exercise("8.3", nudge=(
+    "A gradient hook runs inside backward, the moment one parameter's gradient is final. A "
+    "bucket can leave as soon as the last of its gradients has landed in it, while backward "
+    "computes the rest; an asynchronous all-reduce lets the hook return at once. Only "
+    "finish(), after backward, may wait, and a bucket holds the sum only once its wait is "
+    "over."), pointer=(
+    "In gradient_ready: self.where says which flat bucket the parameter's gradient goes to, "
+    "and at which offset; self.arrived counts what each bucket holds, and self.buckets how "
+    "much it takes. dist.all_reduce with async_op=True returns a handle at once, for "
+    "self.handles. In finish: each handle's wait(), then self.world_size, and self.where again "
+    "to take each slice back into its parameter's .grad (the bucket is flat, p.grad has "
+    "p's shape). Before the next backward: what must be empty again?"))
 def my_hooks(path: str = MY_HOOKS_FILE, world_sizes=WORLD_SIZES) -> None:
     """``BucketHooks(model, group, bucket_cap_mb)`` with ``.finish()`` in the learner's file."""
     expect(isinstance(path, (str, os.PathLike)), "pass the path of your file, "
@@ -258,5 +303,5 @@ def my_hooks(path: str = MY_HOOKS_FILE, world_sizes=WORLD_SIZES) -> None:
     expect(used is None, f"{path} uses {used}: the point is to write the hooks yourself, with "
                          "register_post_accumulate_grad_hook and dist.all_reduce")
     check_file(learner, HOOKS_CASES, {}, world_sizes, HOOKS_ADVICE, judge_hooks_case,
-               deadline_s=DEADLINE_S)
+               explain_hooks_error, deadline_s=DEADLINE_S)
     record_pass("8.3", path)

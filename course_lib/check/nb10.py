@@ -8,7 +8,7 @@ import numbers
 import torch
 
 from course_lib.check.answers import call, expect_type
-from course_lib.check.checker import exercise, expect
+from course_lib.check.checker import ExerciseError, exercise, expect
 from course_lib.check.mp import zero_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
@@ -34,7 +34,9 @@ def owned_pair(owned, numel: int, world_size: int, rank: int) -> tuple[int, int]
     return int(got[0]), int(got[1])
 
 
-@exercise("10.1", pointer=(
+@exercise("10.1", nudge=(
+    "The chunks follow each other without gaps and are as equal as they can be: their sizes "
+    "differ by one at most, and the bigger ones come first."), pointer=(
     "Every rank gets numel // world_size values, and the numel % world_size values left over "
     "go one each to the first ranks. Rank r starts after the values of ranks 0 .. r-1: count "
     "those (how many of them got an extra one?), then add its own size for the end."))
@@ -64,7 +66,10 @@ def reference_bytes(num_params: int, world_size: int, stage: int) -> float:
     return sum(shards[stage])
 
 
-@exercise("10.2", pointer=(
+@exercise("10.2", nudge=(
+    "Per parameter, in fp32 with AdamW, a rank keeps three things: the weight, its gradient "
+    "and the optimizer's state. Each ZeRO stage shards one more of the three over the ranks."),
+    pointer=(
     "Start from the three parts, each in bytes: parameters, gradients, optimizer state. "
     "Stage 1 divides one of them by the world size, stage 2 one more, stage 3 all three. "
     "Make sure every stage from 0 to 3 reaches a return."))
@@ -88,7 +93,9 @@ def bytes_per_rank(model) -> None:
                           f"divides {names[stage]} by the world size, and keeps the rest whole")
 
 
-@exercise("10.3", pointer=(
+@exercise("10.3", nudge=(
+    "A norm is the square root of a sum of squares, and a sum can be split into parts: one "
+    "part per shard, each computed where the shard lives."), pointer=(
     "The squared norm of the whole vector is the sum of the squares of all its values. Group "
     "that sum by shard: each rank can compute its part alone, one number. Add the N numbers "
     "(that is the all-reduce), then take the square root once, at the end."))
@@ -112,7 +119,8 @@ def global_norm(norm_of_shards) -> None:
         want = float(torch.cat(shards).norm())
         summed = sum(float(s.norm()) for s in shards)
         expect(not math.isclose(got, summed, rel_tol=1e-9),
-               "norms do not add up: the squares do")
+               "you added the shards' norms, and norms do not add up: the norm of [3, 4] is 5, "
+               "not 3 + 4")
         expect(not math.isclose(got, want ** 2, rel_tol=1e-9),
                "that is the SQUARED norm of the whole gradient: one step is missing")
         expect(math.isclose(got, want, rel_tol=1e-9),
@@ -131,57 +139,108 @@ ZERO_ADVICE = Advice(all_send=f"The ranks' messages did not pair up: {SAME_HALVE
                      size=f"Two ranks sent tensors of different sizes: {SAME_HALVES}.")
 
 
-def judge_zero_setup(summary: dict, by_rank: dict, n: int, numel: int, per_value: int) -> None:
-    """What make_shard_optimizer built: an optimizer over this rank's chunk, 1/N of the state."""
+def _values(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:4])) + (", ..." if len(numbers) > 4 else "")
+    return f"value{'s' if len(numbers) > 1 else ''} {shown}"
+
+
+def judge_zero_setup(summary: dict, by_rank: dict, n: int, numel: int) -> None:
+    """What make_shard_optimizer built: an optimizer over this rank's share of the values."""
     expect(summary["is_optimizer"], f"make_shard_optimizer must return the optimizer (a "
                                     f"torch.optim optimizer); it returned a "
                                     f"{summary['returned']}")
+    share = -(-numel // n)  # ceil(numel / N): the most values a chunk of an even cut holds
     for rank in range(n):
-        s = by_rank[rank]
-        start, end = s["chunk"]
-        expect(n == 1 or s["state_elements"] != per_value * numel,
-               f"rank {rank}'s optimizer keeps state for all {numel} values: ZeRO-1 gives "
-               "each rank the state of its own chunk only, 1/N of it")
-        shard = s["shard"] or [start, end]  # None: not a view of flat_params, judged below
-        expect(shard == [start, end],
-               f"rank {rank}'s optimizer works on values {shard[0]}..{shard[1]} (end excluded), "
-               f"but the reduce-scatter leaves rank {rank} the sum of {start}..{end}: cut the "
-               "chunks as the ring does")
-        expect(s["state_elements"] == per_value * (end - start),
-               f"rank {rank}'s optimizer state holds {s['state_elements']} numbers; for its "
-               f"chunk of {end - start} values it should hold {per_value * (end - start)}")
+        held = by_rank[rank]["held"]
+        expect(held < numel or held <= share,
+               f"rank {rank}'s optimizer holds all {numel} values: ZeRO-1 gives each rank the "
+               "optimizer state of its own chunk only, 1/N of it")
+        expect(held <= share, f"rank {rank}'s optimizer holds {held} of the {numel} values, "
+                              f"more than its share of 1/N ({share} at most on {n} ranks)")
+    if not any(by_rank[rank]["copies"] for rank in range(n)):  # a copy: judged by its values
+        judge_owners(summary, by_rank, n, numel)
+
+
+def ring_mismatch(summary: dict, views: list, rank: int, n: int, numel: int) -> str:
+    """What is wrong when a rank's view is not the chunk ring_reduce_scatter sums for it."""
+    ring = list(chunk_bounds(numel, n)[rank])
+    if "ring_reduce_scatter" not in summary["library"] or len(views) != 1 or views[0] == ring:
+        return ""
+    return (f"rank {rank}'s optimizer works on values {views[0][0]}..{views[0][1]} (end "
+            f"excluded), but ring_reduce_scatter leaves rank {rank} the sum of "
+            f"{ring[0]}..{ring[1]}: the chunks are not cut as the ring cuts")
+
+
+def judge_owners(summary: dict, by_rank: dict, n: int, numel: int) -> None:
+    """Every shard a view of flat_params: each value must be held by exactly one rank."""
+    owners = [[r for r in range(n) for a, b in by_rank[r]["views"] if a <= i < b]
+              for i in range(numel)]
+    shared = [i for i in range(numel) if len(owners[i]) > 1]
+    if shared:
+        first, second = owners[shared[0]][:2]
+        raise ExerciseError(f"ranks {first} and {second} both update {_values(shared)}: each "
+                            "value needs one owner, whose update the other ranks get")
+    free = [i for i in range(numel) if not owners[i]]
+    cut = next((m for r in range(n)
+                if (m := ring_mismatch(summary, by_rank[r]["views"], r, n, numel))), "")
+    them = "it" if len(free) == 1 else "them"
+    expect(not free, f"no rank's optimizer holds {_values(free)} of the {numel}: no rank "
+                     f"updates {them}" + (f"; and {cut}" if cut else ""))
 
 
 def judge_zero_calls(summary: dict) -> None:
     reduced = {"all_reduce", "ring_all_reduce", "naive_all_reduce",
                "recursive_doubling_all_reduce"} & {*summary["collectives"], *summary["library"]}
     expect(not reduced,
-           "zero1_step all-reduces: ZeRO-1 needs only its own chunk's sum (the reduce-scatter) "
-           "and then the other chunks' new values (the all-gather), from the course's ring")
+           "zero1_step all-reduces: every rank gets the sum of every value, when ZeRO-1 needs "
+           "only its own chunk's sum (a reduce-scatter) and then the other chunks' new values "
+           "(an all-gather)")
 
 
-def judge_zero_values(spec: dict, by_rank: dict, n: int) -> None:
-    want = zero_cases.reference(spec, n)["after"]
-    start_values = zero_cases.initial_parameters(spec).tolist()
+def nothing_changed(s: dict, rank: int, step: int) -> str:
+    if s["copies"] and s["copy_moved"]:
+        return (f"after step {step + 1}, rank {rank}'s flat_params did not change, yet its "
+                "optimizer updated the tensor it holds: that tensor is a copy of the chunk "
+                "(.clone(), torch.tensor(...), ...), not a view of flat_params, so no update "
+                "reaches the parameters")
+    return (f"after step {step + 1}, rank {rank}'s flat_params did not change at all: its "
+            "optimizer updated nothing that is part of them (a step changes only the tensors "
+            "it holds that have a .grad)")
+
+
+def judge_zero_rank(spec: dict, summary: dict, by_rank: dict, rank: int, step: int) -> None:
+    """Name why rank ``rank``'s parameters after ``step`` are not plain data parallelism's."""
+    n, s = summary["ranks"], by_rank[rank]
+    want = torch.tensor(zero_cases.reference(spec, n)[step])
+    before = torch.tensor(zero_cases.reference(spec, n)[step - 1] if step else
+                          zero_cases.initial_parameters(spec).tolist())
+    got = torch.tensor(s["after"][step])
+    expect(s["held"] == 0 or not torch.equal(got, before), nothing_changed(s, rank, step))
+    cut = ring_mismatch(summary, s["views"], rank, n, spec["numel"])
+    expect(not cut, f"after step {step + 1}, rank {rank}'s parameters differ from plain data "
+                    f"parallelism: {cut}")
+    start, end = s["views"][0] if len(s["views"]) == 1 else s["chunk"]
+    outside = torch.cat([got[:start], got[end:]])
+    expect(not torch.equal(outside, torch.cat([before[:start], before[end:]])),
+           f"after step {step + 1}, rank {rank}'s own chunk is updated but the other values "
+           "are still the old ones: no rank got the other chunks from their owners")
+    summed = zero_cases.reference(spec, n, grad_scale=n)[step]
+    expect(not torch.allclose(got, torch.tensor(summed), rtol=1e-9, atol=1e-12),
+           "the step used the SUM of the ranks' gradients: the reduce-scatter adds them up, "
+           "and plain data parallelism steps with their mean")
+    gap = float((got - want).abs().max())
+    expect(False, f"after step {step + 1}, rank {rank}'s parameters differ from plain data "
+                  f"parallelism by up to {gap:.2e}")
+
+
+def judge_zero_values(spec: dict, summary: dict, by_rank: dict) -> None:
+    n = summary["ranks"]
+    want = zero_cases.reference(spec, n)
     for step in range(zero_cases.STEPS):
         for rank in range(n):
             got = torch.tensor(by_rank[rank]["after"][step])
-            if torch.allclose(got, torch.tensor(want[step]), rtol=1e-9, atol=1e-12):
-                continue
-            start, end = by_rank[rank]["chunk"]
-            before = torch.tensor(want[step - 1] if step else start_values)
-            outside = torch.cat([got[:start], got[end:]])
-            expect(not torch.equal(outside, torch.cat([before[:start], before[end:]])),
-                   f"after step {step + 1}, rank {rank}'s own chunk is updated but the other "
-                   "values are still the old ones: each rank must get every other chunk from "
-                   "its owner")
-            summed = zero_cases.reference(spec, n, grad_scale=n)["after"][step]
-            expect(not torch.allclose(got, torch.tensor(summed), rtol=1e-9, atol=1e-12),
-                   "the step used the SUM of the ranks' gradients: the reduce-scatter adds "
-                   "them up, and plain data parallelism steps with their mean")
-            gap = float((got - torch.tensor(want[step])).abs().max())
-            expect(False, f"after step {step + 1}, rank {rank}'s parameters differ from plain "
-                          f"data parallelism by up to {gap:.2e}")
+            if not torch.allclose(got, torch.tensor(want[step]), rtol=1e-9, atol=1e-12):
+                judge_zero_rank(spec, summary, by_rank, rank, step)
     for rank in range(1, n):
         expect(by_rank[rank]["after"] == by_rank[0]["after"],
                f"rank {rank}'s parameters are not rank 0's, bit for bit")
@@ -190,18 +249,22 @@ def judge_zero_values(spec: dict, by_rank: dict, n: int) -> None:
 def judge_zero_case(summary: dict, by_rank: dict, run) -> None:
     n = summary["ranks"]
     spec = {s["name"]: s for s in zero_cases.case_specs(n, {})}[summary["name"]]
-    per_value = zero_cases.reference(spec, n)["state_per_value"]
-    judge_zero_setup(summary, by_rank, n, spec["numel"], per_value)
+    judge_zero_setup(summary, by_rank, n, spec["numel"])
     judge_zero_calls(summary)
-    judge_zero_values(spec, by_rank, n)
+    judge_zero_values(spec, summary, by_rank)
 
 
-@exercise("10.4", pointer=(
-    "make_shard_optimizer: take this rank's (start, end) from chunk_bounds, wrap the slice "
-    "flat_params[start:end] (a view: its updates land in flat_params) in torch.nn.Parameter "
-    "and give only that to optimizer_class. zero1_step: ring_reduce_scatter the flat "
-    "gradient, set the shard's .grad to your chunk of it divided by the world size, "
-    "optimizer.step(), then ring_all_gather the flat parameters."))
+@exercise("10.4", nudge=(
+    "ZeRO-1 is the ring all-reduce cut in two, with the optimizer's step between the halves. "
+    "After the first half each rank holds the sum of one chunk only, so it can update that "
+    "chunk only; the second half hands every updated chunk to every rank. The optimizer "
+    "never sees the other chunks, so its state is 1/N of the whole."), pointer=(
+    "make_shard_optimizer: chunk_bounds gives this rank's chunk, cut where ring_reduce_scatter "
+    "cuts. The optimizer must hold a torch.nn.Parameter that shares its memory with that part "
+    "of flat_params (slicing gives a view; .clone() gives a copy that flat_params never "
+    "sees). zero1_step: the library's ring_reduce_scatter and ring_all_gather, the "
+    "optimizer's step between them; the shard's .grad comes from your chunk of the reduced "
+    "flat_grad, which holds a sum over the ranks."))
 def my_zero(path: str = MY_ZERO_FILE, world_sizes=WORLD_SIZES) -> None:
     """``make_shard_optimizer`` and ``zero1_step`` in the learner's file."""
     learner = find_learner_file(path, ("make_shard_optimizer", "zero1_step"))

@@ -3,10 +3,11 @@
 
 Each case builds the same small MLP on every rank, gives each rank its own batch and runs
 ``hooks = BucketHooks(model, group, bucket_cap_mb)`` from the learner's file, then, per step,
-``loss.backward()`` and ``hooks.finish()``. The checker compares every ``.grad`` with torch
-DDP's on the same model and data (computed first, outside the tracer) and keeps, for each
-call of ``dist.all_reduce``: whether it was asynchronous, whether backward was still running,
-and how many gradients were ready then.
+``loss.backward()`` and ``hooks.finish()``. The checker compares every ``.grad`` with what
+torch DDP leaves there, the mean of the ranks' gradients (each rank computes every rank's
+gradient alone, from the same seeds, outside the tracer), and keeps, for each call of
+``dist.all_reduce``: whether it was asynchronous, whether backward was still running, how many
+gradients were ready then, and which tensor it reduced.
 
 The learner's async handles hold the result back until they are waited on (the bucket keeps
 this rank's values till ``wait()``, as a real all-reduce may), so a bucket read before its
@@ -23,7 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.check.mp.tracer import Tracer
 
@@ -70,22 +70,23 @@ def flat_grads(model: nn.Module) -> list[float]:
         (p.numel(),), float("nan")) for p in model.parameters()]).tolist()
 
 
-def ddp_grads(model: nn.Module, x, y, group, cap_bytes: int) -> list[float]:
-    """What torch DDP leaves in ``.grad`` for this rank's batch: the mean over the ranks."""
-    ddp = DDP(copy.deepcopy(model), process_group=group, bucket_cap_mb=cap_bytes / MB)
-    F.cross_entropy(ddp(x), y).backward()
-    return flat_grads(ddp.module)
-
-
 def own_grads(model: nn.Module, x, y) -> list[float]:
-    """This rank's gradient alone, before any averaging."""
+    """One rank's gradient alone, before any averaging."""
     mine = copy.deepcopy(model)
     F.cross_entropy(mine(x), y).backward()
     return flat_grads(mine)
 
 
+def mean_grads(model: nn.Module, spec: dict, step: int) -> list[float]:
+    """What torch DDP leaves in ``.grad`` at ``step``: the mean of every rank's own gradient
+    (each computed here, from that rank's batch)."""
+    grads = [own_grads(model, *batch(spec, rank, step)) for rank in range(spec["ranks"])]
+    return (torch.tensor(grads).sum(0) / spec["ranks"]).tolist()
+
+
 class HeldBack:
-    """The learner's async handle: the sum lands in the bucket when ``wait()`` is called."""
+    """The learner's async handle: the sum lands in the bucket when the learner waits on it
+    (or sees it completed), not before."""
 
     def __init__(self, work, private: torch.Tensor, bucket: torch.Tensor, line, log):
         self.work, self.private, self.bucket, self.line, self.log = work, private, bucket, \
@@ -96,21 +97,27 @@ class HeldBack:
         if not self.done:
             self.waited_in_backward = self.log.in_backward
             self.work.wait(*args, **kwargs)
-            self.bucket.copy_(self.private)  # only now does the bucket hold the sum
-            self.done = True
+            self._land()
         return True
 
     def is_completed(self):
-        if self.work.is_completed():
-            self.wait()
-            return True
-        return False
+        """Polling waits for nothing: a finished all-reduce lands, and is not a wait."""
+        if not self.done and self.work.is_completed():
+            self._land()
+        return self.done
 
     def get_future(self):
-        self.wait()
-        future = torch.futures.Future()
-        future.set_result([self.bucket])
-        return future
+        """A future that completes with the sum in the bucket; when the learner waits on it
+        is theirs to follow, not ours."""
+        self.done = True
+        return self.work.get_future().then(lambda _: self._land(force=True))
+
+    def _land(self, force: bool = False):
+        """Only now does the bucket hold the sum."""
+        if force or not self.done:
+            self.bucket.copy_(self.private)
+            self.done = True
+        return [self.bucket]
 
     def __getattr__(self, name):
         return getattr(self.work, name)
@@ -131,7 +138,8 @@ class AllReduceLog:
         tensor, is_async = bound.get("tensor"), bool(bound.get("async_op", False))
         line = self.tracer.learner_line()
         self.calls.append({"async": is_async, "in_backward": self.in_backward,
-                           "ready": self.ready, "total": self.total, "line": line})
+                           "ready": self.ready, "total": self.total, "line": line,
+                           "tensor": tensor.data_ptr()})  # which bucket, within one step
         if not is_async:
             return original(*args, **kwargs)
         private = tensor.detach().clone()  # reduced in the background, copied in at wait()
@@ -184,7 +192,7 @@ def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
     rank = dist.get_rank(group)
     model = make_model(spec["seed"])
     batches = [batch(spec, rank, step) for step in range(spec["steps"])]
-    expected = [ddp_grads(model, x, y, group, spec["cap_bytes"]) for x, y in batches]
+    expected = [mean_grads(model, spec, step) for step in range(spec["steps"])]
     own = [own_grads(model, x, y) for x, y in batches]
     theirs = copy.deepcopy(model)
     log = AllReduceLog(tracer, len(list(theirs.parameters())))

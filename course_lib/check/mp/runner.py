@@ -23,8 +23,7 @@ PG_TIMEOUT_S = 10.0  # a rank blocked this long raises: a deadlock is seen after
 STARTUP_S = 18.0  # on top of that, time to start N processes on a busy laptop (< 30 s in all)
 # Cases that build DistributedDataParallel on every rank: its first use imports torch._dynamo,
 # which torchrun's agent then imports once before it forks the ranks (launch_child.PRELOAD_ENV)
-BUILD_DDP = ("course_lib.check.mp.hook_cases", "course_lib.check.mp.ddp_script_cases",
-             "course_lib.check.mp.capstone_cases")
+BUILD_DDP = ("course_lib.check.mp.ddp_script_cases", "course_lib.check.mp.capstone_cases")
 
 
 @dataclass

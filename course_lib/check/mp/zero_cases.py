@@ -6,7 +6,8 @@ Each case gives every rank the same flat parameters (float64) and calls the lear
 is its own: that of a quadratic whose target and weights depend on the rank and the step, taken
 at the rank's current parameters. ``reference`` is plain data parallelism (the mean gradient, a
 whole optimizer over all the parameters), computed in the kernel from the same seeds. Each rank
-also reports how many numbers its optimizer state holds and which values its shard covers.
+also reports what its optimizer holds: how many values, which part of ``flat_params`` each of its
+tensors is a view of, and whether a tensor that is not a view (a copy) changed in the steps.
 """
 
 from __future__ import annotations
@@ -51,14 +52,8 @@ def make_optimizer(spec: dict, params: list) -> torch.optim.Optimizer:
     return optimizer_class(params, **options)
 
 
-def state_elements(optimizer: torch.optim.Optimizer) -> int:
-    """The numbers the optimizer's state holds (per-value tensors; a 0-d step count is not)."""
-    return sum(v.numel() for state in optimizer.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor) and v.dim() > 0)
-
-
-def reference(spec: dict, world_size: int, grad_scale: float = 1.0) -> dict:
-    """Plain data parallelism: the parameters after each step, and the state per value."""
+def reference(spec: dict, world_size: int, grad_scale: float = 1.0) -> list[list[float]]:
+    """Plain data parallelism: the parameters after each step."""
     params = torch.nn.Parameter(initial_parameters(spec))
     optimizer = make_optimizer(spec, [params])
     after = []
@@ -67,34 +62,47 @@ def reference(spec: dict, world_size: int, grad_scale: float = 1.0) -> dict:
         params.grad = torch.stack(grads).mean(0) * grad_scale  # what the all-reduce averages
         optimizer.step()
         after.append(params.detach().tolist())
-    return {"after": after, "state_per_value": state_elements(optimizer) // spec["numel"]}
+    return after
 
 
-def shard_bounds(optimizer, flat: torch.Tensor) -> list | None:
-    """[start, end) of flat that the optimizer's one tensor covers, when it is a view of it."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    if len(params) != 1 or params[0].untyped_storage().data_ptr() != \
-            flat.untyped_storage().data_ptr():
+def view_bounds(tensor: torch.Tensor, flat: torch.Tensor) -> list | None:
+    """[start, end) of ``flat`` that ``tensor`` is a view of, or None for a tensor of its own."""
+    if tensor.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr():
         return None
-    start = params[0].storage_offset() - flat.storage_offset()
-    return [start, start + params[0].numel()]
+    start = tensor.storage_offset() - flat.storage_offset()
+    return [start, start + tensor.numel()]
+
+
+def held(optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def what_it_holds(optimizer, flat: torch.Tensor, at_start: list[torch.Tensor]) -> dict:
+    """The values the optimizer holds, the views among its tensors, and whether a copy moved."""
+    tensors = held(optimizer)
+    bounds = [view_bounds(t, flat) for t in tensors]
+    return {"held": sum(t.numel() for t in tensors),
+            "views": [b for b in bounds if b is not None],
+            "copies": sum(b is None for b in bounds),
+            "copy_moved": any(b is None and not torch.equal(t.detach(), t0)
+                              for t, b, t0 in zip(tensors, bounds, at_start, strict=True))}
 
 
 def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     flat = initial_parameters(spec)
     optimizer_class, optimizer_options = OPTIMIZERS[spec["optimizer"]]
-    after = []
+    after, holds = [], {}
     with tracer.watching(spec["name"], range(spec["ranks"])) as log:
         optimizer = learner.make_shard_optimizer(flat, optimizer_class, group,
                                                  **optimizer_options)
         is_optimizer = isinstance(optimizer, torch.optim.Optimizer)
+        at_start = [t.detach().clone() for t in held(optimizer)] if is_optimizer else []
         for step in range(STEPS if is_optimizer else 0):
             learner.zero1_step(flat, local_gradient(spec, rank, step, flat), optimizer, group)
             after.append(flat.tolist())
+        if is_optimizer:
+            holds = what_it_holds(optimizer, flat, at_start)
     return {"name": spec["name"], "ranks": spec["ranks"], "is_optimizer": is_optimizer,
             "returned": type(optimizer).__name__, "after": after,
-            "chunk": list(chunk_bounds(spec["numel"], n)[rank]),
-            "shard": shard_bounds(optimizer, flat) if is_optimizer else None,
-            "state_elements": state_elements(optimizer) if is_optimizer else 0,
-            **log.summary()}
+            "chunk": list(chunk_bounds(spec["numel"], n)[rank]), **holds, **log.summary()}
