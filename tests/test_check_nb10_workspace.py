@@ -93,14 +93,10 @@ def test_the_reference_passes_and_is_recorded(workspace, capsys):
     assert has_passed("10.4", path)
 
 
-@pytest.mark.parametrize("name, world_sizes", [
-    ("a copy of the chunk, copied back", (2,)),
-    ("the larger chunks last, summed with reduce, shared with broadcast", (3,)),
-])
-def test_other_right_answers_pass(workspace, capsys, name, world_sizes):
-    """Between them and the reference, a right answer on each of 2, 3 and 4 processes."""
+@pytest.mark.parametrize("name", RIGHT)
+def test_other_right_answers_pass(workspace, capsys, name):
     path = workspace.put(edited(REFERENCE, RIGHT[name]), "my_zero.py")
-    nb10.my_zero(path, world_sizes=world_sizes)
+    nb10.my_zero(path, world_sizes=(2,))  # 23 values: chunks of 11 and 12, or 12 and 11
     assert capsys.readouterr().out == "Exercise 10.4: correct.\n"
 
 
