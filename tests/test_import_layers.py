@@ -3,6 +3,8 @@ lower ones, and no module outside demos/ imports a demo. Every import counts, al
 function or under ``if TYPE_CHECKING:``."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "course_lib"
@@ -78,3 +80,14 @@ def test_imports_inside_functions_and_of_folders_are_read():
     tree = ast.parse("from course_lib import lessons, check\n")
     assert [n for _, n in imported_modules(tree, "course_lib.core.zero")] == [
         "course_lib.lessons", "course_lib.check"]
+
+
+def test_a_launched_checker_imports_neither_nbformat_nor_ipython():
+    # Every rank of every exercise check imports the checker's program; nbformat (through
+    # jsonschema) takes seconds of CPU to import and IPython half a second, in each rank.
+    code = ("import sys, course_lib.check.mp.program\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'nbformat', 'IPython', "
+            "'jsonschema'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PACKAGE.parent, timeout=120).stdout
+    assert out.strip() == "[]", f"the launched checker imports {out.strip()}: import them lazily"

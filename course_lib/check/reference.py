@@ -18,12 +18,9 @@ import os
 import re
 from pathlib import Path
 
-import nbformat
-from IPython.display import display
-
 from course_lib.check.exercise_cells import parse, top_level_owner, written_file
 from course_lib.check.student_copy import BEGIN, END, ROOT, make_student_copy
-from course_lib.lessons.show import code_block
+from course_lib.lessons.show import code_block, display
 from course_lib.runtime.workspace import is_student_copy, unlock
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -42,6 +39,9 @@ def exercise_number(text) -> str:
 def reference_answer(exercise_id: str) -> str | None:
     """The course's answer to ``exercise_id``: the function (or the whole file) its solution
     blocks sit in, markers removed; None when no notebook has that exercise."""
+    import nbformat  # here, not at the top: it takes seconds to import (jsonschema), and
+    # every launched checker imports this module
+
     notebook = int(exercise_id.split(".")[0])
     for path in sorted(NOTEBOOKS.glob(f"{notebook:02d}*_*.ipynb")):  # 06 and 06b, ...
         nb = nbformat.read(path, as_version=4)

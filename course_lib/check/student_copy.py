@@ -23,8 +23,10 @@ import ast
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nbformat
+if TYPE_CHECKING:
+    import nbformat
 
 from course_lib.check.exercise_cells import (
     MalformedNotebook,
@@ -230,7 +232,9 @@ def make_student_copy(nb, name: str = "notebook", check_dir: Path | None = None)
         nb.cells[i].outputs, nb.cells[i].execution_count = [], None
         nb.cells[i].metadata.pop("execution", None)
     if blocks:
-        note = nbformat.v4.new_markdown_cell(NOTE, id="student-copy-note")
+        from nbformat.v4 import new_markdown_cell  # slow to import: only when needed
+
+        note = new_markdown_cell(NOTE, id="student-copy-note")
         if nb.nbformat_minor < 5:  # cell ids came with format 4.5
             del note["id"]
         nb.cells.insert(1, note)

@@ -19,8 +19,10 @@ import difflib
 import inspect
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from IPython.display import Markdown, display
+if TYPE_CHECKING:
+    from IPython.display import Markdown
 
 from course_lib.runtime.workspace import is_unlocked
 
@@ -36,8 +38,18 @@ def where(obj) -> str:
     return f"{shown}, line {line}"
 
 
+def display(obj) -> None:
+    """IPython's ``display``, imported when first used (launched ranks import this module and
+    never show anything)."""
+    from IPython.display import display as ipython_display
+
+    ipython_display(obj)
+
+
 def code_block(text: str, language: str = "python") -> Markdown:
     """``text`` as a highlighted block (JupyterLab highlights fenced code in Markdown)."""
+    from IPython.display import Markdown  # here: see display()
+
     return Markdown(f"```{language}\n{text.rstrip()}\n```")
 
 
