@@ -48,7 +48,9 @@ def fresh_kernel(folder: Path):
     km = KernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvironmentKernels())
     client = NotebookClient(nbformat.v4.new_notebook(), km=km, timeout=CELL_TIMEOUT_S,
                             allow_errors=False, resources={"metadata": {"path": str(folder)}})
-    with client.setup_kernel(stderr=subprocess.DEVNULL):  # the kernel's own log
+    # cleanup_kc: shut the kernel down afterwards (nbclient keeps alive a kernel whose manager
+    # it was given, and a test would leave one kernel running per notebook)
+    with client.setup_kernel(stderr=subprocess.DEVNULL, cleanup_kc=True):  # no kernel log
         yield Kernel(client)
 
 
