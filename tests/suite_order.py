@@ -8,7 +8,7 @@ depends on this list; a file it does not name keeps its place after them.
 """
 
 LONGEST_FIRST = (
-    "tests/test_student_notebooks.py",  # 135 s: every student copy, open and answered
+    "tests/test_student_notebooks.py",  # every student copy, open then answered
     "tests/test_check_nb07_workspace.py", "tests/test_check_nb09_workspace.py",
     "tests/browser/", "tests/test_check_nb06_workspace.py", "tests/test_check_nb10_workspace.py",
     "tests/test_check_nb08_workspace.py", "tests/test_launch.py",

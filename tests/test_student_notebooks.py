@@ -10,9 +10,10 @@ that ``scripts/make_student_notebooks.py`` writes
 (b) run in a fresh kernel as a learner may run it, the notebook's first code cell (its setup)
     and then the exercise cells (the code cells after the "## Exercises" heading), prints each
     exercise's "not done yet" line, no "correct" line and no error;
-(c) the same with every marked line replaced by the reference answer prints every
-    exercise's "correct" line, and, as the kernel works in a student copy's folder, says the
-    answer is the course's line for line (a pass shows theirs beside ours).
+(c) then, in the same kernel, as a learner goes on, the exercise cells again with every
+    marked line replaced by the reference answer print every exercise's "correct" line, and,
+    as the kernel works in a student copy's folder, say the answer is the course's line for
+    line (a pass shows theirs beside ours).
 
 The other cells are not run here: nbval runs them in the notebooks, which the copies share.
 So an exercise cell may use only what the setup cell makes (or say where a name comes from
@@ -38,12 +39,19 @@ QUESTIONS_ONLY = {"06b_cost_model_and_fast_ring"}  # exercises to answer, no cod
 
 
 
-def student_copy(source: Path, out: Path):
-    """The copy the script's command line writes, the notebook, and what the copy changed."""
+@pytest.fixture(scope="module")
+def copies(tmp_path_factory) -> Path:
+    """The copies of every notebook, written by one run of the script's command line."""
+    out = tmp_path_factory.mktemp("student")
     made = subprocess.run([sys.executable, "scripts/make_student_notebooks.py", "--out",
-                           str(out), str(source)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                           str(out), *map(str, NOTEBOOKS)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
     assert made.returncode == 0, made.stderr
+    return out
+
+
+def student_copy(source: Path, out: Path):
+    """The copy the command line wrote, the notebook, and what the copy changed."""
     student = nbformat.read(out / source.name, as_version=4)
     original = nbformat.read(source, as_version=4)
     return student, original, student_copies.make_student_copy(original, str(source))
@@ -82,8 +90,8 @@ def fill_in(student, made, markers: bool):
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_copy_changes_only_solutions_and_exercise_outputs(source, tmp_path):
-    student, original, made = student_copy(source, tmp_path)
+def test_copy_changes_only_solutions_and_exercise_outputs(source, copies):
+    student, original, made = student_copy(source, copies)
     assert made.blocks or source.stem in QUESTIONS_ONLY, "a notebook without exercises"
     assert not any("SOLUTION" in c.source for c in student.cells)
     assert {b.cell for b in made.blocks} <= made.cleared
@@ -106,50 +114,47 @@ def exercise_cells(nb) -> list[int]:
     return [i for i in range(starts[0] + 1, len(nb.cells)) if nb.cells[i].cell_type == "code"]
 
 
-def run_exercises(nb, folder: Path, mode: str) -> dict:
-    """Run the setup cell, then the exercise cells, in a fresh kernel; the cells, by index.
-
-    Answered, a multi-process checker launches the learner's file on 3 processes only: the
-    answers are the notebook's own (test_copy_changes_only_...), which nbval checks on 2, 3
-    and 4."""
-    setup = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
-    (folder / STUDENT_MANIFEST).write_text("{}")  # the kernel works in a student copy's folder
-    with fresh_kernel(folder) as kernel:
-        if mode == "answered":
-            kernel.run(f"import os\nos.environ[{WORLD_SIZES_ENV!r}] = '3'")
-        return {i: kernel.run(nb.cells[i].source) for i in [setup, *exercise_cells(nb)]}
+def run_exercises(kernel, nb) -> dict:
+    """Run the exercise cells of ``nb`` in ``kernel``; the cells, by index."""
+    return {i: kernel.run(nb.cells[i].source) for i in exercise_cells(nb)}
 
 
-def check_run(source: Path, tmp_path: Path, mode: str) -> None:
-    made = student_copies.make_student_copy(nbformat.read(source, as_version=4), str(source))
-    student = made.notebook  # the copy the command line writes: test_copy_changes_only_...
-    nb = fill_in(student, made, markers=False) if mode == "answered" else without_note(student,
-                                                                                        made)
-    cells = run_exercises(nb, tmp_path, mode)
+def assert_exercises_say(cells: dict, made, mode: str) -> None:
+    """Every exercise's checker printed its "not done yet" line (mode "open") or its "correct"
+    line (mode "answered"), never the other; no cell failed or wrote to stderr."""
     failed = {i: f"{e.ename}: {e.evalue}" for i, c in cells.items() for e in errors(c)}
-    assert not failed, "exercise cells that failed"
+    assert not failed, f"exercise cells that failed ({mode}): {failed}"
     for i, cell in cells.items():
-        assert not [o for o in cell.outputs if o.get("name") == "stderr"], f"cell {i}"
+        assert not [o for o in cell.outputs if o.get("name") == "stderr"], f"cell {i} ({mode})"
     wanted, unwanted = (not_done_line, passed_line) if mode == "open" else (passed_line,
                                                                            not_done_line)
     for exercise_id, checker_cells in made.checker_cells.items():
         assert checker_cells <= set(cells), f"{exercise_id}: a checker outside the exercises"
         for i in checker_cells:
             printed = stdout(cells[i]).split("\n")
-            assert wanted(exercise_id) in printed, f"cell {i}: {printed}"
-            assert unwanted(exercise_id) not in printed, f"cell {i}: {printed}"
+            assert wanted(exercise_id) in printed, f"cell {i} ({mode}): {printed}"
+            assert unwanted(exercise_id) not in printed, f"cell {i} ({mode}): {printed}"
             if mode == "answered":  # theirs (here the course's own) beside ours
                 assert "Your code is the course's, line for line." in printed, printed
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_open_exercises_print_not_done_yet(source, tmp_path):
-    check_run(source, tmp_path, "open")
-
-
-@pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_answered_exercises_print_correct(source, tmp_path):
-    check_run(source, tmp_path, "answered")
+def test_open_exercises_say_not_done_yet_then_correct_once_answered(source, tmp_path):
+    """(b), then (c) in the same kernel. Answered, a multi-process checker launches the
+    learner's file on 2 processes only: the answers are the notebook's own
+    (test_copy_changes_only_...), which nbval checks on 2, 3 and 4."""
+    made = student_copies.make_student_copy(nbformat.read(source, as_version=4), str(source))
+    student = made.notebook  # the copy the command line writes: test_copy_changes_only_...
+    opened, answered = without_note(student, made), fill_in(student, made, markers=False)
+    setup = next(i for i, c in enumerate(opened.cells) if c.cell_type == "code")
+    (tmp_path / STUDENT_MANIFEST).write_text("{}")  # the kernel works in a student copy's folder
+    with fresh_kernel(tmp_path) as kernel:
+        ran = kernel.run(opened.cells[setup].source)
+        assert not errors(ran), f"the setup cell failed: {errors(ran)}"
+        assert not [o for o in ran.outputs if o.get("name") == "stderr"], "the setup cell"
+        assert_exercises_say(run_exercises(kernel, opened), made, "open")
+        kernel.run(f"import os\nos.environ[{WORLD_SIZES_ENV!r}] = '2'")
+        assert_exercises_say(run_exercises(kernel, answered), made, "answered")
 
 
 def test_every_notebook_is_collected():

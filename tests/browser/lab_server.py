@@ -21,6 +21,8 @@ from pathlib import Path
 
 import psutil
 
+from course_lib.check.mp.harness import WORLD_SIZES_ENV
+
 # What a learner would otherwise see over the page: the "Jupyter news?" toast.
 ALWAYS_DISABLED = ("@jupyterlab/apputils-extension:announcements",)
 # Extensions to switch off for a negative check, comma-separated: with
@@ -70,6 +72,9 @@ def lab_environment(base: Path, repo_root: Path, disabled: list[str]) -> dict:
     """The server's environment; its kernels inherit it, so they see ``course_lib``."""
     env = dict(os.environ)
     env.pop("MPLBACKEND", None)  # the kernel must keep matplotlib's inline backend
+    # An exercise checker launches the learner's file on 2 processes only, here: the page
+    # shows the same line, and nbval runs the same notebooks' checkers on 2, 3 and 4.
+    env.setdefault(WORLD_SIZES_ENV, "2")
     env.update(write_settings(base, disabled))
     return env
 
