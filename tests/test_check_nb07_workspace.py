@@ -112,9 +112,11 @@ def hint_of(workspace, mistake: str) -> str:
 
 
 @pytest.mark.slow
-def test_the_reference_passes_on_2_3_and_4_processes_and_is_recorded(workspace, capsys):
+def test_the_reference_passes_and_is_recorded(workspace, capsys):
+    """On 3 processes (an odd ring); the notebook's own checker cell, which nbval runs, checks
+    it on 2, 3 and 4."""
     path = workspace.put(reference(FILE), FILE)
-    nb07.my_dp_step(path)
+    nb07.my_dp_step(path, world_sizes=(3,))
     assert capsys.readouterr().out == "Exercise 7.3: correct.\n"
     assert has_passed("7.3", path)
 

@@ -100,9 +100,11 @@ MARKS = ("never waited on", "read before its all-reduce", "SUM over the ranks", 
          "the second is not", "waited on during backward", "size of the whole world")
 
 
-def test_the_reference_passes_on_2_3_and_4_processes_and_is_recorded(workspace, capsys):
+def test_the_reference_passes_and_is_recorded(workspace, capsys):
+    """On 3 processes (an odd ring); the notebook's own checker cell, which nbval runs, checks
+    it on 2, 3 and 4."""
     path = workspace.put(REFERENCE, "my_hooks.py")
-    nb08.my_hooks(path)
+    nb08.my_hooks(path, world_sizes=(3,))
     assert capsys.readouterr().out == "Exercise 8.3: correct.\n"
     assert has_passed("8.3", path)
 
