@@ -1,4 +1,4 @@
-"""Benchmark the hand-written all-reduces against dist.all_reduce (notebook 06).
+"""Benchmark the hand-written all-reduces against dist.all_reduce (notebook 06b).
 
     python scripts/bench_all_reduce.py                 # 4 KB .. 64 MB, 2 and 4 processes
     python scripts/bench_all_reduce.py --quick         # a few sizes, a few repeats (< 1 min)
@@ -35,8 +35,8 @@ from course_lib.runtime.launch import LaunchError, launch  # noqa: E402
 WORKER = "course_lib.demos.bench_all_reduce_worker"
 FULL_SIZES = [4 ** k * 4096 for k in range(8)]  # 4 KB, 16 KB, ..., 64 MB
 QUICK_SIZES = [4096, 262144, 4194304, 16777216]
-OURS = ("naive", "ring", "recursive_doubling", "fast_reuse", "fast_sliced", "fast_one_stream",
-        "fast_unchecked")  # the textbook algorithms, then the fast ring one change at a time
+OURS = ("naive", "ring", "recursive_doubling", "fast_reuse", "fast_sliced",
+        "fast_one_stream")  # the textbook algorithms, then the fast ring one change at a time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -107,7 +107,7 @@ def summary_lines(rows: list[dict]) -> list[str]:
     """The target: the ring against dist.all_reduce for messages of 4 MB and more."""
     lines = []
     for n in sorted({r["world_size"] for r in rows}):
-        for name in ("ring", "fast_one_stream", "fast_unchecked"):
+        for name in ("ring", "fast_one_stream"):
             big = [r["vs_torch"] for r in rows if r["world_size"] == n
                    and r["algorithm"] == name and r["bytes"] >= 4 * 2**20]
             if big:

@@ -1,7 +1,6 @@
 """Fixtures shared by the unit tests."""
 
 import os
-import shutil
 
 import pytest
 import torch.distributed as dist
@@ -47,9 +46,6 @@ def one_process_group(tmp_path):
         dist.destroy_process_group()
 
 
-ANSWERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workspace_answers")
-
-
 class Workspace:
     """A learner's workspace/ folder in a temporary working directory."""
 
@@ -57,15 +53,10 @@ class Workspace:
         self.root = root
 
     def put(self, answer: str, as_name: str) -> str:
-        """Write ``answer`` to workspace/AS_NAME and return that path. ``answer`` is a file's
-        text (``answer_edits.reference``, ``edited``, ...) or, without a newline, the name of
-        a file in tests/workspace_answers/."""
+        """Write ``answer``, a file's text (``answer_edits.reference``, ``edited``, ...), to
+        workspace/AS_NAME and return that path."""
         os.makedirs(self.root / "workspace", exist_ok=True)
-        target = self.root / "workspace" / as_name
-        if "\n" in answer:
-            target.write_text(answer)
-        else:
-            shutil.copy(os.path.join(ANSWERS, f"{answer}.py"), target)
+        (self.root / "workspace" / as_name).write_text(answer)
         return f"workspace/{as_name}"
 
 

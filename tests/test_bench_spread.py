@@ -15,4 +15,4 @@ def test_benchmark_spread_and_cpu_floor():
     assert len(result["rows"]) == 4
     for row in result["rows"]:
         assert row["min_s"] <= row["q1_s"] <= row["median_s"] <= row["q3_s"] <= row["max_s"]
-        assert row["cpu_median_s"] / cores <= 1.25 * row["median_s"]  # as notebook 06 asserts
+        assert row["cpu_median_s"] / cores <= 1.25 * row["median_s"]  # as notebook 06b asserts

@@ -10,11 +10,12 @@ expected and what came back, so a wrong kind of answer never crashes inside the 
 
 from __future__ import annotations
 
+import os
 import reprlib
 
 import torch
 
-from course_lib.check.checker import ExerciseError, LearnerCodeError
+from course_lib.check.checker import ExerciseError, LearnerCodeError, expect
 
 _REPR = reprlib.Repr()
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 6
@@ -99,3 +100,9 @@ def expect_tensor_with_grad(value, what: str) -> None:
     if not value.requires_grad:
         raise ExerciseError(f"{what}; your tensor is cut off from the model (no gradient "
                             "path), as .detach() or torch.no_grad() leave it")
+
+
+def expect_path(path, call: str) -> None:
+    """``path`` must be the path of the learner's file; ``call`` shows the checker's call."""
+    expect(isinstance(path, (str, os.PathLike)),
+           f"pass the path of your file, {call}; you passed {describe(path)}")

@@ -129,10 +129,7 @@ MY_DP_STEP_FILE = "workspace/my_dp_step.py"
 DP_STEP_CASES = "course_lib.check.mp.dp_step_cases"
 SAME_CALLS = ("every rank must call ring_all_reduce on the same gradients, in the same order, "
               "once per step")
-DP_STEP_ADVICE = Advice(all_send=f"The ranks' all-reduces did not pair up: {SAME_CALLS}.",
-                        all_recv=f"The ranks' all-reduces did not pair up: {SAME_CALLS}.",
-                        mismatch=f"The ranks' all-reduces did not pair up: {SAME_CALLS}.",
-                        size=f"Two ranks all-reduced tensors of different sizes: {SAME_CALLS}.")
+DP_STEP_ADVICE = Advice.unpaired(SAME_CALLS, "all-reduces", "all-reduced")
 LIBRARY_ANSWERS = {  # what course_lib.core.data_parallel has that would answer for the learner
     "broadcast_parameters": "broadcast_parameters is the library's own "
                             "(course_lib.core.data_parallel): the exercise is to write it yourself",

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import ast
 import math
-import os
 
 import torch
 
-from course_lib.check.answers import call, describe, expect_function, expect_type
+from course_lib.check.answers import call, expect_function, expect_path, expect_type
 from course_lib.check.checker import ExerciseError, exercise, expect
 from course_lib.check.mp import hook_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
@@ -292,8 +291,7 @@ def explain_hooks_error(error: dict, text: str) -> str:
     "p's shape). Before the next backward: what must be empty again?"))
 def my_hooks(path: str = MY_HOOKS_FILE, world_sizes=WORLD_SIZES) -> None:
     """``BucketHooks(model, group, bucket_cap_mb)`` with ``.finish()`` in the learner's file."""
-    expect(isinstance(path, (str, os.PathLike)), "pass the path of your file, "
-           f'check.nb08.my_hooks("{MY_HOOKS_FILE}"); you passed {describe(path)}')
+    expect_path(path, f'check.nb08.my_hooks("{MY_HOOKS_FILE}")')
     learner = find_learner_file(path, ())
     expect("BucketHooks" in {n.name for n in _outside_main(_tree(path))
                              if isinstance(n, ast.ClassDef)},

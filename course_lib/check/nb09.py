@@ -12,7 +12,7 @@ import tempfile
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from course_lib.check.answers import call, describe, expect_function
+from course_lib.check.answers import call, describe, expect_function, expect_path
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp import ddp_script_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
@@ -271,8 +271,7 @@ def check_config_class(path: str) -> None:
     "inside DDP (model.module), then dist.barrier()."))
 def my_ddp_train(path: str = MY_DDP_FILE, world_sizes=WORLD_SIZES) -> None:
     """``train(config)`` in the learner's file: DDP, sampler, no_sync, logging, checkpoint."""
-    expect(isinstance(path, (str, os.PathLike)), "pass the path of your file, "
-           f'check.nb09.my_ddp_train("{MY_DDP_FILE}"); you passed {describe(path)}')
+    expect_path(path, f'check.nb09.my_ddp_train("{MY_DDP_FILE}")')
     learner = find_learner_file(path, ("train", "main"))
     check_config_class(path)
     check_main(path)  # read, not launched: before the launch, which takes a while

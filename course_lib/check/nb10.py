@@ -133,10 +133,7 @@ MY_ZERO_FILE = "workspace/my_zero.py"
 ZERO_CASES = "course_lib.check.mp.zero_cases"
 SAME_HALVES = ("every rank must call ring_reduce_scatter and then ring_all_gather on the "
                "whole flat tensor, once per step")
-ZERO_ADVICE = Advice(all_send=f"The ranks' messages did not pair up: {SAME_HALVES}.",
-                     all_recv=f"The ranks' messages did not pair up: {SAME_HALVES}.",
-                     mismatch=f"The ranks' messages did not pair up: {SAME_HALVES}.",
-                     size=f"Two ranks sent tensors of different sizes: {SAME_HALVES}.")
+ZERO_ADVICE = Advice.unpaired(SAME_HALVES)
 
 
 def _values(numbers: list[int]) -> str:

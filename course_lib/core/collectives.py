@@ -26,16 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course_lib.core.messages import (
-    ByteCounter,
-    check_same_shape,
-    done,
-    flat_work,
-    rank_and_size,
-    recv,
-    send,
-    send_recv,
-)
+from course_lib.core.messages import ByteCounter, done, recv, send, send_recv, start_collective
 
 REDUCE_SCATTER, ALL_GATHER = "reduce-scatter", "all-gather"
 
@@ -65,10 +56,7 @@ def send_chunk(rank: int, step: int, world_size: int, phase: str) -> int:
 def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
                      counter: ByteCounter | None = None, check: bool = False) -> torch.Tensor:
     """Everyone sends to rank 0; rank 0 adds in rank order and sends the sum back."""
-    rank, world_size = rank_and_size(group)
-    if check:
-        check_same_shape(tensor, group)  # one small all_gather more: only when asked
-    flat = flat_work(tensor)  # (numel,)
+    rank, world_size, flat = start_collective(tensor, group, check)  # flat: (numel,)
     if world_size == 1 or flat.numel() == 0:
         return done(tensor, flat)
     if rank == 0:
@@ -88,11 +76,8 @@ def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = Non
 def ring_reduce_scatter(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
                         counter: ByteCounter | None = None, check: bool = False) -> torch.Tensor:
     """Afterwards rank r's chunk r (``chunk_bounds``) holds the sum over all ranks."""
-    rank, world_size = rank_and_size(group)
+    rank, world_size, flat = start_collective(tensor, group, check)  # flat: (numel,)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    if check:
-        check_same_shape(tensor, group)  # one small all_gather more: only when asked
-    flat = flat_work(tensor)  # (numel,)
     chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), world_size)]  # N x (~numel/N,)
     incoming = torch.empty_like(chunks[0])  # chunk 0 is the largest
     for step in range(world_size - 1):
@@ -108,11 +93,8 @@ def ring_reduce_scatter(tensor: torch.Tensor, group: dist.ProcessGroup | None = 
 def ring_all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
                     counter: ByteCounter | None = None, check: bool = False) -> torch.Tensor:
     """Rank r's chunk r is final; afterwards every rank holds every rank's final chunk."""
-    rank, world_size = rank_and_size(group)
+    rank, world_size, flat = start_collective(tensor, group, check)  # flat: (numel,)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    if check:
-        check_same_shape(tensor, group)  # one small all_gather more: only when asked
-    flat = flat_work(tensor)  # (numel,)
     chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), world_size)]
     for step in range(world_size - 1):
         mine = send_chunk(rank, step, world_size, ALL_GATHER)
@@ -135,10 +117,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup
                                   counter: ByteCounter | None = None,
                                   check: bool = False) -> torch.Tensor:
     """Swap and add with rank XOR 1, 2, 4, ...; extra ranks (N not a power of 2) fold in first."""
-    rank, world_size = rank_and_size(group)
-    if check:
-        check_same_shape(tensor, group)  # one small all_gather more: only when asked
-    flat = flat_work(tensor)  # (numel,)
+    rank, world_size, flat = start_collective(tensor, group, check)  # flat: (numel,)
     if world_size == 1 or flat.numel() == 0:
         return done(tensor, flat)
     power = 1 << (world_size.bit_length() - 1)  # the largest power of two <= N

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.core.collectives import ALL_GATHER, REDUCE_SCATTER, chunk_bounds, send_chunk
-from course_lib.core.messages import ByteCounter, check_same_shape, done, flat_work, rank_and_size
+from course_lib.core.messages import ByteCounter, done, start_collective
 
 SLICE_BYTES = 4 << 20  # 4 MB: above that, a message's fixed cost no longer matters here
 PIPELINE_DEPTH = 2  # slices on the wire while one is added
@@ -129,10 +129,7 @@ def fast_ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None =
                          slice_bytes: int = SLICE_BYTES, depth: int = PIPELINE_DEPTH,
                          one_stream: bool = True, check: bool = False) -> torch.Tensor:
     """The ring all-reduce of ``collectives.ring_all_reduce``, pipelined. In place; returns it."""
-    rank, world_size = rank_and_size(group)
-    if check:
-        check_same_shape(tensor, group)  # one small all_gather more: only when asked
-    flat = flat_work(tensor)  # (numel,)
+    rank, world_size, flat = start_collective(tensor, group, check)  # flat: (numel,)
     if world_size == 1 or flat.numel() == 0:
         return done(tensor, flat)
     scatter, per_chunk = ring_messages(flat, rank, world_size, slice_bytes, REDUCE_SCATTER)

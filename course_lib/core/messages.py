@@ -5,7 +5,8 @@
 - ``ByteCounter``: what a rank sent, to check the 2(N-1)/N law.
 - ``check_same_shapes``: every rank must pass alike tensors, or a peer waits for ever; one small
   all-gather makes sure (the collectives do it when asked, the wrappers once when built).
-- ``flat_work``/``done``: the algorithms work on a contiguous 1-D view, copied back if needed.
+- ``flat_work``/``done``: the algorithms work on a contiguous 1-D view, copied back if needed;
+  ``start_collective`` is how each of them begins (rank, size, that view, the check if asked).
 """
 
 from __future__ import annotations
@@ -107,3 +108,15 @@ def done(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     if not tensor.is_contiguous():
         tensor.copy_(flat.view(tensor.shape))
     return tensor
+
+
+def start_collective(tensor: torch.Tensor, group: dist.ProcessGroup | None,
+                     check: bool) -> tuple[int, int, torch.Tensor]:
+    """How every hand-written collective begins: this rank, the group's size, and the
+    contiguous 1-D view of ``tensor`` to work on, (numel,). With ``check``, first one small
+    all_gather that makes sure every rank passed the same shape and dtype: one collective more
+    per call, so only when asked."""
+    rank, world_size = rank_and_size(group)
+    if check:
+        check_same_shape(tensor, group)
+    return rank, world_size, flat_work(tensor)

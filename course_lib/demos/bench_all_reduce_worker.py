@@ -1,4 +1,4 @@
-"""Time the hand-written all-reduces against ``dist.all_reduce`` (notebook 06; one world size).
+"""Time the hand-written all-reduces against ``dist.all_reduce`` (notebook 06b; one world size).
 
     python -m course_lib.runtime.launch --nproc 2 course_lib.demos.bench_all_reduce_worker \
         --sizes 4096 4194304 --repeats 10 --warmup 2
@@ -41,11 +41,10 @@ WHOLE = 1 << 40  # a slice size no chunk reaches: each chunk travels as one mess
 ALGORITHMS = {
     "naive": naive_all_reduce, "ring": ring_all_reduce,
     "recursive_doubling": recursive_doubling_all_reduce, "torch": torch_all_reduce,
-    # the fast ring, one change at a time (course_lib/core/fast_ring.py, notebook 06)
+    # the fast ring, one change at a time (course_lib/core/fast_ring.py, notebook 06b)
     "fast_reuse": partial(fast_ring_all_reduce, slice_bytes=WHOLE, depth=0, one_stream=False),
     "fast_sliced": partial(fast_ring_all_reduce, one_stream=False),  # + 4 MB slices, pipelined
     "fast_one_stream": fast_ring_all_reduce,  # + both halves as one stream of messages
-    "fast_unchecked": partial(fast_ring_all_reduce, check=False),  # + no shape check
 }
 
 

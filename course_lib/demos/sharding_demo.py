@@ -30,7 +30,7 @@ from course_lib.core.fully_shard import bytes_sent, fully_shard, shard_module
 from course_lib.core.messages import ByteCounter
 from course_lib.core.overlap import OverlapDataParallel
 from course_lib.core.zero2 import Zero2
-from course_lib.lessons.memory import optimizer_state_bytes
+from course_lib.lessons.memory import group_sizes, optimizer_state_bytes
 from course_lib.runtime.counting import CountedAllReduce
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import print0, worker
@@ -222,17 +222,9 @@ def run_size(n: int, group, rank: int) -> dict:
             "plain_sent_per_step": plain_bytes(group), "runs": runs}
 
 
-def default_sizes(world_size: int) -> list[int]:
-    sizes, n = [], 1
-    while n < world_size:
-        sizes.append(n)
-        n *= 2
-    return sizes + [world_size]
-
-
 def main() -> None:
     with worker(seed=0) as w:
-        sizes = default_sizes(w.world_size)
+        sizes = group_sizes(w.world_size)
         groups = [dist.new_group(list(range(n))) for n in sizes]  # every rank makes each
         report = {"world_size": w.world_size, "by_size": {}}
         for n, group in zip(sizes, groups, strict=True):

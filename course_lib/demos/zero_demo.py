@@ -28,7 +28,7 @@ from course_lib.core.accumulation import (
 from course_lib.core.collectives import ByteCounter, ring_all_reduce
 from course_lib.core.train_step import finish_sync
 from course_lib.core.zero import Zero1
-from course_lib.lessons.memory import optimizer_state_bytes
+from course_lib.lessons.memory import group_sizes, optimizer_state_bytes
 from course_lib.runtime.launch import save_result
 from course_lib.runtime.worker import print0, worker
 from course_lib.tasks.batching import micro_batch
@@ -80,14 +80,6 @@ def train_both(size: int, group, rank: int, device: torch.device) -> dict:
             "params_close": bool(torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5))}
 
 
-def default_sizes(world_size: int) -> list[int]:
-    sizes, n = [], 1
-    while n < world_size:
-        sizes.append(n)
-        n *= 2
-    return sizes + [world_size]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default=None, help="group sizes, e.g. 1,2,4 (<= world size)")
@@ -98,7 +90,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     with worker(seed=0) as w:
         sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
-                 else default_sizes(w.world_size))
+                 else group_sizes(w.world_size))
         if any(not 1 <= n <= w.world_size for n in sizes):
             raise ValueError(f"--sizes {args.sizes} must lie in 1..{w.world_size} "
                              "(the number of processes); launch more processes or drop some")

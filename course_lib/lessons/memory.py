@@ -157,3 +157,13 @@ def accumulation_steps_needed(global_batch: int, largest_micro_batch: int) -> in
     if largest_micro_batch < 1:
         raise ValueError("not even one example fits: lower the fixed memory or raise the budget")
     return math.ceil(global_batch / largest_micro_batch)  # round up: the last one may be short
+
+
+def group_sizes(world_size: int) -> list[int]:
+    """The group sizes a memory demo measures at: 1, 2, 4, ... below ``world_size``, then
+    ``world_size`` itself (per-rank memory against N)."""
+    sizes, n = [], 1
+    while n < world_size:
+        sizes.append(n)
+        n *= 2
+    return sizes + [world_size]

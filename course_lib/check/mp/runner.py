@@ -16,14 +16,10 @@ from dataclasses import dataclass
 
 from course_lib.check.mp.learner import LearnerFile
 from course_lib.runtime.launch import LaunchError, launch
-from course_lib.runtime.launch_child import PRELOAD_ENV
 
 PROGRAM = "course_lib.check.mp.program"
 PG_TIMEOUT_S = 10.0  # a rank blocked this long raises: a deadlock is seen after this
 STARTUP_S = 18.0  # on top of that, time to start N processes on a busy laptop (< 30 s in all)
-# Cases that build DistributedDataParallel on every rank: its first use imports torch._dynamo,
-# which torchrun's agent then imports once before it forks the ranks (launch_child.PRELOAD_ENV)
-BUILD_DDP = ("course_lib.check.mp.ddp_script_cases", "course_lib.check.mp.capstone_cases")
 
 
 @dataclass
@@ -88,8 +84,6 @@ def run_file(cases_module: str, learner: LearnerFile, world_size: int,
     deadline_s = pg_timeout_s + STARTUP_S if deadline_s is None else deadline_s
     args = [folder, cases_module, os.path.abspath(learner.path), json.dumps(options or {})]
     env = {"COURSE_PG_TIMEOUT_S": pg_timeout_s, "COURSE_BACKEND": "gloo"}
-    if cases_module in BUILD_DDP:
-        env[PRELOAD_ENV] = "torch._dynamo"
     start, launch_error = time.monotonic(), None
     try:
         try:

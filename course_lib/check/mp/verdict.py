@@ -29,6 +29,14 @@ class Advice:
     mismatch: str  # the sends and the receives do not pair up
     size: str  # a message arrived that is bigger than its receive buffer
 
+    @classmethod
+    def unpaired(cls, rule: str, calls: str = "messages", sent: str = "sent") -> Advice:
+        """One rule for every kind: "The ranks' {calls} did not pair up: {rule}." (and "Two
+        ranks {sent} tensors of different sizes: {rule}.")."""
+        paired = f"The ranks' {calls} did not pair up: {rule}."
+        return cls(all_send=paired, all_recv=paired, mismatch=paired,
+                   size=f"Two ranks {sent} tensors of different sizes: {rule}.")
+
 
 def where(run: Run, case: str | None) -> str:
     on = f"{run.world_size} process{'es' if run.world_size > 1 else ''}"
