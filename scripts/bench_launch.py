@@ -2,7 +2,7 @@
 
     python scripts/bench_launch.py                 # 3 processes, 5 launches of each kind
     python scripts/bench_launch.py --nproc 4 --repeats 9
-    python scripts/bench_launch.py --target course_lib.demos.ddp_minimal --preload torch._dynamo
+    python scripts/bench_launch.py --target course_lib.demos.ddp_minimal --preload torch.nn.parallel
 
 Launches ``course_lib.demos.hello`` (start, join the process group, gather, leave), or
 ``--target``, with ``course_lib.runtime.launch``, alternating the ways of starting ranks so
@@ -10,7 +10,8 @@ that all see the same machine load: forked from torchrun's process (Linux's defa
 ``--run-path --start-method fork``) and a fresh interpreter per rank (the default elsewhere);
 with ``--preload``, also forked after torchrun's process imported those modules
 (``COURSE_PRELOAD``). Prints the median wall time and CPU time (this process's children) of
-each, and their ratios.
+each, and their ratios. Every launch starts a fresh agent (no agent server, whose agents' CPU
+this process could not count). A launch that hangs ends the script with the launcher's error.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def one_launch(kind: str, args: argparse.Namespace) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the launched processes) of one launch of this kind."""
     launch_module.FORK_WORKERS = kind != "fresh"
+    launch_module.AGENT_SERVER = False  # a fresh agent each time: its CPU is ours to count
     env = {PRELOAD_ENV: args.preload} if kind == "preloaded" else {}
     before = os.times()
     start = time.perf_counter()

@@ -18,23 +18,26 @@ from torch import nn
 
 from course_lib.core.fully_shard import MixedPrecisionPolicy, full_state_dict, fully_shard
 from course_lib.runtime.launch import launch
-from course_lib.runtime.launch_child import PRELOAD_ENV
 
 WORKER = str(Path(__file__).parent / "workers" / "sharding_check.py")
-PRELOAD = ",".join([  # imported once by the launch's agent, not once per rank (fork)
-    "torch.distributed.fsdp", "torch.nn.parallel", "torch._dynamo", "course_lib.core.prefetch",
-    "course_lib.core.zero2", "course_lib.core.compress", "course_lib.core.overlap",
-    "course_lib.lessons.memory", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks"])
 FP32 = 1e-5  # losses of about 5 and parameters of about 1 after 3 steps: a few fp32 ulps
 BF16 = 5e-3  # under one bf16 ulp at 1.0 (2^-7 = 0.0078)
 
 
+_RUNS: dict[int, dict] = {}  # world size -> what the worker found: one launch each
+
+
+def run_on(world_size: int) -> dict:
+    if world_size not in _RUNS:
+        result = launch(WORKER, nproc=world_size, timeout_s=240, quiet=True).result
+        assert result is not None and result["world_size"] == world_size
+        _RUNS[world_size] = result
+    return _RUNS[world_size]
+
+
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
 def run(request) -> dict:
-    result = launch(WORKER, nproc=request.param, timeout_s=240, quiet=True,
-                    env={PRELOAD_ENV: PRELOAD}).result
-    assert result is not None and result["world_size"] == request.param
-    return result
+    return run_on(request.param)
 
 
 def assert_close(found: dict, tolerance: float, world_size: int, what: str) -> None:
@@ -100,9 +103,8 @@ TABLE = {  # bytes per parameter per rank with fp32 AdamW: (parameters, gradient
 
 
 @pytest.mark.slow
-def test_memory_per_rank_follows_the_zero_table(run):
-    if run["world_size"] != 4:
-        pytest.skip("measured in the 4-process run, on groups of 1, 2 and 4")
+def test_memory_per_rank_follows_the_zero_table():
+    run = run_on(4)  # its groups of 1, 2 and 4 processes
     for size, stages in run["memory"].items():
         n = int(size)
         for stage, expected in TABLE.items():

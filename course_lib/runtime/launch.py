@@ -21,13 +21,13 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from course_lib.runtime.agent_server import agent_server_pid, start_agent  # noqa: F401 (tests)
 from course_lib.runtime.files import read_json, read_text, write_json_atomic
 from course_lib.runtime.launch_output import Progress, RankLogs, RankWatch, stop_process_tree
 
@@ -36,6 +36,9 @@ PROGRESS_ENV = "COURSE_PROGRESS_PATH"
 FORK_WORKERS = sys.platform.startswith("linux")  # macOS: forking after torch is unsafe
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"  # the loopback interface's name
 ADDRESS_IN_USE = ("EADDRINUSE", "Address already in use", "address already in use")
+# From its second launch on, a process forks torchrun's agents from a server that imported
+# torch once (agent_server.py); COURSE_AGENT_SERVER=0 starts a fresh agent every time.
+AGENT_SERVER = FORK_WORKERS and os.environ.get("COURSE_AGENT_SERVER", "1") != "0"
 
 
 class LaunchError(RuntimeError):
@@ -112,6 +115,14 @@ def child_env(run_dir: str, extra: dict | None) -> dict:
         PROGRESS_ENV: os.path.join(run_dir, "progress.json"),
     })
     env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def _server_env() -> dict:
+    """The environment an agent server starts with: the workers' without a run's own paths."""
+    env = child_env("", None)
+    for per_run in (RESULT_ENV, PROGRESS_ENV):
+        env.pop(per_run)
     return env
 
 
@@ -194,10 +205,8 @@ def _run_once(run_dir, target, nproc, args, timeout_s, env, port, quiet, progres
     logs = RankLogs(run_dir, nproc, echo=not quiet)
     bar = Progress(os.path.join(run_dir, "progress.json"), enabled=progress and not quiet)
     start = time.monotonic()
-    with open(agent_log_path, "wb") as agent_log:
-        agent = subprocess.Popen(cmd, stdout=agent_log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=child_env(run_dir, env),
-                                 start_new_session=True)  # our Ctrl-C is handled by us
+    agent = start_agent(cmd, child_env(run_dir, env), agent_log_path, env,
+                        server_env=_server_env() if AGENT_SERVER else None)
     watch = RankWatch(run_dir, nproc)
     failure_seen_at = None
     try:

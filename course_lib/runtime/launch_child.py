@@ -62,8 +62,11 @@ def forks_ranks(torchrun_args: list[str]) -> bool:
 def preload_modules() -> list[str]:
     """Import the modules ``COURSE_PRELOAD`` names, once, here in the agent; return their names.
 
-    For example ``torch._dynamo``, which DistributedDataParallel imports when it is first
-    built: about 0.8 s of CPU in every rank that builds one, 0.8 s once here.
+    A module imported here costs its CPU once, not once per rank. The course preloads
+    nothing by default: ranks forked after the agent had imported DistributedDataParallel's
+    modules (``torch.nn.parallel``, ``torch._dynamo``) sometimes hung on their way out (3 of
+    22 launches of ``demos/ddp_minimal.py`` on 2 processes, none of 30 without), so measure
+    hangs as well as time before preloading anything heavy.
     """
     names = [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
     for name in names:
@@ -175,9 +178,13 @@ def main(argv: list[str]) -> None:
         run_agent(argv[1:])
     elif len(argv) >= 3 and argv[0] == "worker":
         run_worker(argv[1], argv[2], argv[3:])
+    elif argv == ["server"]:
+        from course_lib.runtime.agent_server import serve
+
+        serve()
     else:
         sys.exit("usage: python -m course_lib.runtime.launch_child "
-                 "{agent ARGS | worker RUN_DIR TARGET}")
+                 "{agent ARGS | worker RUN_DIR TARGET | server}")
 
 
 if __name__ == "__main__":

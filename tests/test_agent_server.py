@@ -1,0 +1,86 @@
+"""Launches after the first fork torchrun's agent from a server that imported torch once
+(course_lib/runtime/agent_server.py): the same results and errors as a fresh agent, and no
+process left behind, not even when the server itself is killed."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from course_lib.runtime import agent_server
+from course_lib.runtime import launch as launch_module
+from course_lib.runtime.agent_server import AgentServer, needs_fresh_agent
+from course_lib.runtime.launch import LaunchError, agent_server_pid, launch
+
+HELLO = "course_lib.demos.hello"
+
+
+def agents_of(server_pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(server_pid).children()
+            if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def wait_until(condition, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Launches in this test use the server from their first one on."""
+    monkeypatch.setattr(launch_module, "AGENT_SERVER", True)
+    monkeypatch.setattr(agent_server._Agents, "launches", 1)
+
+
+def test_a_served_launch_gives_what_a_fresh_one_gives(served, monkeypatch):
+    spawned = []
+    real_spawn = AgentServer.spawn
+    monkeypatch.setattr(AgentServer, "spawn",
+                        lambda self, *a: spawned.append(a) or real_spawn(self, *a))
+    fresh = launch(HELLO, nproc=2, quiet=True, env={"OMP_NUM_THREADS": "1"})  # read at import
+    assert agent_server_pid() is None or not agents_of(agent_server_pid())
+    assert spawned == []
+    served_run = launch(HELLO, nproc=2, quiet=True)
+    assert len(spawned) == 1  # this one came from the server
+    server = agent_server_pid()
+    assert server is not None and psutil.Process(server).ppid() == os.getpid()
+    assert sorted(served_run.output.splitlines()) == sorted(fresh.output.splitlines())
+    without_pid = [[{k: v for k, v in r.items() if k != "pid"} for r in run.result]
+                   for run in (fresh, served_run)]
+    assert without_pid[0] == without_pid[1] and len(without_pid[0]) == 2
+    assert "[rank 1] hello from rank 1 of 2" in served_run.output
+    assert wait_until(lambda: not agents_of(server)), "an agent was left behind"
+
+
+def test_a_failing_rank_is_named_as_with_a_fresh_agent(served):
+    launch(HELLO, nproc=2, quiet=True)  # the server is up
+    with pytest.raises(LaunchError) as err:
+        launch("course_lib.demos.faults", nproc=2, quiet=True,
+               args=["--mode", "raise", "--rank", "1", "--tag", "served"])
+    assert "rank 1 failed" in str(err.value)
+    assert "RuntimeError: rank 1 fails on purpose" in str(err.value)
+    server = agent_server_pid()
+    assert wait_until(lambda: not agents_of(server)), "an agent was left behind"
+
+
+def test_a_killed_server_takes_its_agents_along_and_the_next_launch_starts_another(served):
+    launch(HELLO, nproc=2, quiet=True)
+    server = agent_server_pid()
+    os.kill(server, signal.SIGKILL)
+    assert wait_until(lambda: not psutil.pid_exists(server)
+                      or psutil.Process(server).status() == psutil.STATUS_ZOMBIE)
+    for _ in range(2):  # a fresh agent if the server still looks alive, then a new server
+        again = launch(HELLO, nproc=2, quiet=True)
+        assert "[rank 0] hello from rank 0 of 2" in again.output
+    assert agent_server_pid() not in (None, server)
+
+
+def test_variables_torch_reads_when_imported_get_a_fresh_agent():
+    assert needs_fresh_agent({"OMP_NUM_THREADS": "4"})
+    assert needs_fresh_agent({"TORCH_CPP_LOG_LEVEL": "INFO"})
+    assert not needs_fresh_agent({"COURSE_PG_TIMEOUT_S": "10", "COURSE_PRELOAD": "torch._dynamo"})
+    assert not needs_fresh_agent(None)
