@@ -19,8 +19,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MB = 2**20
-
 
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes of the tensor's elements: numel x bytes per element."""
@@ -45,13 +43,14 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     seen, total = set(), 0
     for state in optimizer.state.values():
         for value in state.values():
-            if torch.is_tensor(value) and _storage_key(value) not in seen:
-                seen.add(_storage_key(value))
+            if torch.is_tensor(value) and storage_key(value) not in seen:
+                seen.add(storage_key(value))
                 total += value.untyped_storage().nbytes()
     return total
 
 
-def _storage_key(t: torch.Tensor) -> tuple:
+def storage_key(t: torch.Tensor) -> tuple:
+    """What tells two tensors' storages apart: (device, index, address, bytes)."""
     storage = t.untyped_storage()
     return (t.device.type, t.device.index, storage.data_ptr(), storage.nbytes())
 
@@ -64,11 +63,11 @@ def saved_tensors(run_forward: Callable[[], torch.Tensor],
     of the whole storage (a view keeps all of it alive). Storages of ``exclude`` (the
     parameters, counted elsewhere) are left out.
     """
-    skip = {_storage_key(t) for t in exclude}
+    skip = {storage_key(t) for t in exclude}
     found: dict[tuple, dict] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
+        key = storage_key(t)
         if key not in skip and key not in found:
             found[key] = {"shape": tuple(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
                           "bytes": key[3]}

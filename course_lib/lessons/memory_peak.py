@@ -22,10 +22,7 @@ from typing import Callable, Iterable
 
 import torch
 
-
-def _storage_key(t: torch.Tensor) -> tuple:
-    storage = t.untyped_storage()
-    return (t.device.type, t.device.index, storage.data_ptr(), storage.nbytes())
+from course_lib.lessons.memory import storage_key
 
 
 class _Saved:
@@ -44,14 +41,14 @@ class SavedTensorPeak:
     """Live and peak bytes of the storages autograd holds for backward (parameters excluded)."""
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self.skip = {_storage_key(t) for t in exclude}
+        self.skip = {storage_key(t) for t in exclude}
         self.holders: dict[tuple, int] = {}  # storage -> number of saved tensors that use it
         self.live_bytes = 0
         self.peak_bytes = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor):
-        key = _storage_key(t)
+        key = storage_key(t)
         if key in self.skip:
             return t
         if self.holders.get(key, 0) == 0:

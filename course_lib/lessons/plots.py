@@ -15,7 +15,8 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import torch
 
-MB = 2**20
+from course_lib.core.buckets import MB
+
 WIDE = (9.0, 3.6)  # two panels side by side
 
 

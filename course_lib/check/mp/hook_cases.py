@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.check.mp.tracer import Tracer
+from course_lib.core.buckets import MB  # bytes in a megabyte, as bucket_cap_mb counts them
 
-MB = 1024 * 1024  # bytes in a megabyte, as bucket_cap_mb counts them
 SMALL_CAP = 1100  # bytes: 4 buckets for the model below (the last layer's leave first)
 FEATURES, WIDTH, CLASSES, BATCH = 6, 16, 3, 5  # small for test speed
 
