@@ -11,8 +11,8 @@ import pytest
 
 from course_lib.runtime import agent_server
 from course_lib.runtime import launch as launch_module
-from course_lib.runtime.agent_server import AgentServer, needs_fresh_agent
-from course_lib.runtime.launch import LaunchError, agent_server_pid, launch
+from course_lib.runtime.agent_server import AgentServer, agent_server_pid, needs_fresh_agent
+from course_lib.runtime.launch import LaunchError, launch
 
 HELLO = "course_lib.demos.hello"
 

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from course_lib.runtime import launch as launch_module
+from course_lib.runtime.agent_server import agent_server_pid
 from course_lib.runtime.launch import LaunchError, launch, save_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +34,7 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    server = launch_module.agent_server_pid()
+    server = agent_server_pid()
     if server is not None:
         try:
             found += [p for p in psutil.Process(server).children(recursive=True)

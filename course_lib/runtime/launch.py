@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from course_lib.runtime.agent_server import agent_server_pid, start_agent  # noqa: F401 (tests)
+from course_lib.runtime.agent_server import start_agent
 from course_lib.runtime.files import read_json, read_text, write_json_atomic
 from course_lib.runtime.launch_output import Progress, RankLogs, RankWatch, stop_process_tree
 
