@@ -284,6 +284,36 @@ def test_preloaded_modules_are_already_loaded_in_a_forked_rank(tmp_path, monkeyp
     assert launch(str(script), nproc=1, timeout_s=HANG_S, quiet=True).result is False
 
 
+KEPT_ALIVE = """
+import gc
+import weakref
+import torch.distributed as dist
+from course_lib.runtime.launch import save_result
+dist.init_process_group("gloo")
+world, pair = weakref.ref(dist.group.WORLD), weakref.ref(dist.new_group([0, 1]))
+dist.destroy_process_group()
+gc.collect()
+save_result({"kept": world() is not None and pair() is not None, "initialized":
+             dist.is_initialized(), "dynamo": "torch._dynamo" in sys.modules})
+"""
+
+
+def test_a_rank_keeps_its_process_groups_until_it_leaves_and_inherits_dynamo(tmp_path):
+    # destroying a Gloo group joins its threads while holding the GIL, which hung ranks whose
+    # last collective ran during backward: a rank never frees one (launch_child.py)
+    script = tmp_path / "kept.py"
+    script.write_text("import sys\n" + KEPT_ALIVE)
+    result = launch(str(script), nproc=2, timeout_s=HANG_S, quiet=True).result
+    assert result == {"kept": True, "initialized": False, "dynamo": launch_module.FORK_WORKERS}
+
+
+def test_ddp_minimal_never_hangs_on_its_way_out():
+    # it did, 3 times in 22, before the ranks kept their process groups
+    for _ in range(4):
+        run = launch("course_lib.demos.ddp_minimal", nproc=2, timeout_s=HANG_S, quiet=True)
+        assert run.result["world_size"] == 2
+
+
 def test_a_preloaded_module_that_does_not_exist_fails_the_launch_with_its_name(tmp_path):
     script = tmp_path / "loaded.py"
     script.write_text(LOADED_AT_START)

@@ -19,6 +19,7 @@ variables that fixes, and ``needs_fresh_agent`` whether a launch sets one of the
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -53,6 +54,11 @@ def serve() -> None:
 
     die_with_parent()
     import torch.distributed.run  # noqa: F401 - the reason this process exists
+
+    from course_lib.runtime.launch_child import PRELOAD
+
+    for name in PRELOAD:  # what every rank would import again: once here instead
+        importlib.import_module(name)
 
     start_dir = os.getcwd()
     pending = b""

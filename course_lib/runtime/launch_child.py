@@ -8,9 +8,9 @@
   runs TARGET as ``__main__`` and records how the rank ended in ``RUN_DIR/rank{R}.exit``.
   The launcher reads those files to stream output and name a failing rank.
 
-A forked rank inherits every module the agent has imported. ``COURSE_PRELOAD`` (module names,
-comma-separated, in the launch's environment) names more for the agent to import before it forks
-the ranks, so that no rank imports them again (``preload_modules``).
+A forked rank inherits every module the agent has imported: the agent imports ``PRELOAD``
+(and what ``COURSE_PRELOAD``, module names, comma-separated, in the launch's environment,
+names) before it forks the ranks, so that no rank imports them again (``preload_modules``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from course_lib.runtime.files import write_json_atomic
 
 PR_SET_PDEATHSIG = 1  # Linux prctl option: signal this process when its parent dies
 PRELOAD_ENV = "COURSE_PRELOAD"
+# What every rank that builds an optimizer or DDP imports (torch's optimizers import
+# torch._dynamo when the first one is made): 2 s of CPU per rank, once per agent instead.
+PRELOAD = ("torch._dynamo",)
 
 
 def die_with_parent() -> None:
@@ -60,15 +63,16 @@ def forks_ranks(torchrun_args: list[str]) -> bool:
 
 
 def preload_modules() -> list[str]:
-    """Import the modules ``COURSE_PRELOAD`` names, once, here in the agent; return their names.
+    """Import ``PRELOAD`` and the modules ``COURSE_PRELOAD`` names, once, here in the agent;
+    return their names. A module imported here costs its CPU once, not once per rank.
 
-    A module imported here costs its CPU once, not once per rank. The course preloads
-    nothing by default: ranks forked after the agent had imported DistributedDataParallel's
-    modules (``torch.nn.parallel``, ``torch._dynamo``) sometimes hung on their way out (3 of
-    22 launches of ``demos/ddp_minimal.py`` on 2 processes, none of 30 without), so measure
-    hangs as well as time before preloading anything heavy.
+    Ranks forked after the agent had imported ``torch._dynamo`` used to hang now and then on
+    their way out (3 of 22 launches of ``demos/ddp_minimal.py``): a Gloo process group
+    destroyed while one of its threads waits for the GIL. ``keep_process_groups`` removes
+    that cause; ``tests/test_launch.py`` launches ddp_minimal many times to hold it.
     """
-    names = [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
+    names = [*PRELOAD, *(n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",")
+                         if n.strip())]
     for name in names:
         try:
             importlib.import_module(name)
@@ -76,6 +80,38 @@ def preload_modules() -> list[str]:
             sys.exit(f"{PRELOAD_ENV} names {name!r}, which cannot be imported ({e}); "
                      f"correct or remove it")
     return names
+
+
+def keep_process_groups() -> list:
+    """Keep every process group this rank makes alive until it leaves (with ``os._exit``).
+
+    Destroying a Gloo process group joins its threads while holding Python's GIL; a thread
+    that is just then freeing a finished collective started during backward needs the GIL
+    (the work holds a Python object), so both wait forever: a rank that hangs in
+    ``destroy_process_group`` or when a DDP model is freed. Here ``destroy_process_group``
+    still unregisters the group, but the last reference stays in the returned list, so the
+    group's threads are never joined; the rank's exit ends them."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    kept = []
+    original_destroy, original_new_group = dist.destroy_process_group, dist.new_group
+
+    def new_group(*args, **kwargs):
+        group = original_new_group(*args, **kwargs)
+        kept.append(group)
+        return group
+
+    def destroy_process_group(group=None):
+        if dist.is_initialized():
+            kept.append(dist.group.WORLD)
+        if group is not None:
+            kept.append(group)
+        return original_destroy(group)
+
+    for module in (dist, distributed_c10d):
+        module.new_group, module.destroy_process_group = new_group, destroy_process_group
+    return kept
 
 
 def run_agent(torchrun_args: list[str]) -> None:
@@ -151,6 +187,7 @@ def run_worker(run_dir: str, target: str, args: list[str]) -> None:
         f.write(str(os.getpid()))  # lets the launcher notice a rank killed by a signal
     exit_path = os.path.join(run_dir, f"rank{rank}.exit")
     code, error = 0, None
+    kept = keep_process_groups()  # noqa: F841 - alive until os._exit below
     try:
         run_target(target, args)
     except SystemExit as e:
