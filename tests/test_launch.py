@@ -300,16 +300,19 @@ save_result({"kept": world() is not None and pair() is not None, "initialized":
 
 def test_a_rank_keeps_its_process_groups_until_it_leaves_and_inherits_dynamo(tmp_path):
     # destroying a Gloo group joins its threads while holding the GIL, which hung ranks whose
-    # last collective ran during backward: a rank never frees one (launch_child.py)
+    # last collective ran during backward: a rank never frees one (launch_child.py). From a
+    # process's second launch on, a forked rank has torch._dynamo from the agent server.
     script = tmp_path / "kept.py"
     script.write_text("import sys\n" + KEPT_ALIVE)
-    result = launch(str(script), nproc=2, timeout_s=HANG_S, quiet=True).result
-    assert result == {"kept": True, "initialized": False, "dynamo": launch_module.FORK_WORKERS}
+    for _ in range(2):
+        result = launch(str(script), nproc=2, timeout_s=HANG_S, quiet=True).result
+        assert result["kept"] and not result["initialized"], result
+    assert result["dynamo"] is (launch_module.FORK_WORKERS and launch_module.AGENT_SERVER)
 
 
 def test_ddp_minimal_never_hangs_on_its_way_out():
     # it did, 3 times in 22, before the ranks kept their process groups
-    for _ in range(4):
+    for _ in range(3):
         run = launch("course_lib.demos.ddp_minimal", nproc=2, timeout_s=HANG_S, quiet=True)
         assert run.result["world_size"] == 2
 

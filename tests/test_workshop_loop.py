@@ -10,15 +10,17 @@ import pytest
 
 from course_lib import check
 from course_lib.check import reference
-from course_lib.check.checker import LADDERS, exercise, expect
+from course_lib.check.checker import LADDERS, exercise, expect, written_ladders
+from course_lib.check.exercise_cells import checker_ids
 from course_lib.check.student_copy import make_student_copy, shows_an_answer
 from course_lib.core import collectives
 from course_lib.lessons import show as show_module
 from course_lib.runtime import workspace
 
 ROOT = Path(__file__).resolve().parent.parent
-for number in range(12):  # every notebook's checkers, so that LADDERS holds every exercise
-    importlib.import_module(f"course_lib.check.nb{number:02d}")
+CHECK = ROOT / "course_lib" / "check"
+for module in sorted(CHECK.glob("nb*.py")):  # every checker, so that LADDERS holds every exercise
+    importlib.import_module(f"course_lib.check.{module.stem}")
 EXERCISES = sorted(LADDERS, key=lambda i: tuple(map(int, i.split("."))))
 
 
@@ -45,13 +47,23 @@ def test_every_exercise_is_collected():
 @pytest.mark.parametrize("exercise_id", EXERCISES)
 def test_every_exercise_has_a_nudge_and_a_pointer_that_give_no_code(exercise_id):
     ladder = LADDERS[exercise_id]
-    assert ladder.nudge and ladder.pointer, "write both rungs in the @exercise decorator"
+    assert ladder.nudge and ladder.pointer, "write both rungs in course_lib/check/hints.md"
     assert ladder.nudge != ladder.pointer
     answer = reference.reference_answer(exercise_id)
     assert answer, "no reference answer in the notebooks"
     for rung in (ladder.nudge, ladder.pointer):
         leaked = [line for line in code_lines(answer) if line in rung]
         assert not leaked, f"the answer's own lines in a hint: {leaked}"
+
+
+def test_hints_md_has_one_section_per_exercise_named_after_its_checker():
+    text = (CHECK / "hints.md").read_text()
+    headings = [line[3:].split(" · ") for line in text.split("\n") if line.startswith("## ")]
+    assert [exercise_id for exercise_id, _ in headings] == EXERCISES  # each once, in order
+    ids = {exercise_id: f"check.{path.stem}.{name}" for path in sorted(CHECK.glob("nb*.py"))
+           for name, exercise_id in checker_ids(path.stem, CHECK).items()}
+    assert {exercise_id: shown.strip("`") for exercise_id, shown in headings} == ids
+    assert written_ladders() == {i: LADDERS[i] for i in EXERCISES}
 
 
 def test_the_answer_is_the_reference_notebooks_code_without_markers():
@@ -95,6 +107,8 @@ def test_show_hides_an_exercises_answer_until_it_is_passed(student_folder, monke
     assert "def ring_reduce_scatter(" in shown[0] and '"""' in shown[0]  # signature, docstring
     assert code_lines(body, 12).isdisjoint(code_lines(shown[0], 12))
     assert 'once you pass, or after check.reveal("6.3")' in shown[0]
+
+    monkeypatch.setitem(LADDERS, "99.7", None)  # the made-up exercise is gone after the test
 
     @exercise("99.7")
     def always(answer):

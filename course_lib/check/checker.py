@@ -16,7 +16,9 @@ what happens into what the learner sees:
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from course_lib.check import report
@@ -34,6 +36,19 @@ class Ladder:
 
 
 LADDERS: dict[str, Ladder] = {}  # exercise id -> its hints
+HINTS_FILE = Path(__file__).with_name("hints.md")  # every exercise's nudge and pointer
+RUNG = re.compile(r"^(Nudge|Pointer):\n(.+?)(?:\n\n|\n?\Z)", re.M | re.S)
+
+
+@functools.cache
+def written_ladders() -> dict[str, Ladder]:
+    """``{exercise id: Ladder}`` from hints.md: a ``## N.M`` heading, then a ``Nudge:`` and a
+    ``Pointer:`` paragraph each, whose lines are joined with spaces."""
+    ladders = {}
+    for section in HINTS_FILE.read_text(encoding="utf-8").split("\n## ")[1:]:
+        rungs = {name: " ".join(text.split("\n")) for name, text in RUNG.findall(section)}
+        ladders[section.split()[0]] = Ladder(rungs.get("Nudge"), rungs.get("Pointer"))
+    return ladders
 
 
 class ExerciseError(AssertionError):
@@ -83,13 +98,15 @@ def not_done_line(exercise_id: str) -> str:
 def exercise(exercise_id: str, nudge: str | None = None, pointer: str | None = None) -> Callable:
     """Decorate a checker of exercise ``exercise_id`` ("3.1"); see the module docstring.
 
-    ``nudge`` and ``pointer`` are what ``check.hint("3.1")`` prints, the first call and the
-    second: the checker's own hints name the symptom and its cause; the nudge points at the
-    idea, the pointer at the place and the tool. None of them writes the code.
+    What ``check.hint("3.1")`` prints, the first call and the second, is the exercise's section
+    of hints.md: the checker's own hints name the symptom and its cause; the nudge points at
+    the idea, the pointer at the place and the tool. None of them writes the code. ``nudge``
+    and ``pointer`` replace that section (the tests' own made-up exercises use them).
     """
 
     def wrap(checker: Callable) -> Callable:
-        LADDERS[exercise_id] = Ladder(nudge, pointer)
+        given = Ladder(nudge, pointer) if nudge or pointer else None
+        LADDERS[exercise_id] = given or written_ladders().get(exercise_id, Ladder())
 
         @functools.wraps(checker)
         def run(*args, **kwargs) -> None:

@@ -6,9 +6,9 @@ The checker's own report names the symptom and its cause. Then, on request:
 2. ``check.hint("3.3")`` again: a pointer to the place and the tool, still no code;
 3. ``check.reveal("3.3")``: the course's answer, given on purpose (``reference.py``).
 
-Checkers register the first two with their decorator, ``@exercise("3.3", nudge=...,
-pointer=...)``; the module of notebook 03 (``course_lib.check.nb03``) is imported the first
-time one of its exercises is asked for.
+The first two are written in ``hints.md`` (a section per exercise, read by its checker's
+``@exercise("3.3")``); the module of notebook 03 (``course_lib.check.nb03``) is imported the
+first time one of its exercises is asked for.
 """
 
 from __future__ import annotations

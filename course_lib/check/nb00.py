@@ -5,14 +5,7 @@ from course_lib.check.checker import LearnerCodeError, exercise, expect
 from course_lib.runtime.launch import LaunchError, LaunchResult
 
 
-@exercise("0.1",
-          nudge="launch(...) starts the processes, waits for them and hands back one object "
-                "that describes the run. Which module does it start, on how many processes, "
-                "and how do you keep the ranks' lines out of the notebook?",
-          pointer="Section 3 of this notebook calls launch: the module goes in as its name, "
-                  "a string; the number of processes and the quiet output are keyword "
-                  "arguments (help(launch) lists them). Your function returns launch's object "
-                  "as it is, not one of its fields.")
+@exercise("0.1")
 def hello_on_three(make_run) -> None:
     run = call(make_run)
     expect_type(run, LaunchResult, "return the object that launch(...) returns (a "
@@ -29,14 +22,7 @@ def hello_on_three(make_run) -> None:
                                f"{len(ranks)} process(es), not three")
 
 
-@exercise("0.2",
-          nudge="When a rank fails, launch raises an exception in your process. How does a "
-                "Python function keep an exception instead of letting it escape, and get hold "
-                "of the exception object?",
-          pointer="Section 4 of this notebook shows the error launch raises when a rank fails: "
-                  "LaunchError, from course_lib.runtime.launch. Python's try/except around the "
-                  "call catches it (`as` names the object); the module's own arguments go in "
-                  "launch's args list, as strings.")
+@exercise("0.2")
 def caught_failure(make_error) -> None:
     try:
         error = make_error()

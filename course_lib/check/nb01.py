@@ -25,13 +25,7 @@ BY_HAND = ("your code asks autograd for the gradient: the exercise is to write i
            "formula you derive by hand, with plain tensor operations")
 
 
-@exercise("1.1",
-          nudge="A difference between f(x + eps) and f(x) is off from f'(x) by a term "
-                "proportional to eps. Where would you put two points so that the errors of the "
-                "two sides cancel?",
-          pointer="Section 1 of this notebook, 'A derivative, three ways': write the Taylor "
-                  "expansion of f to first order at the two points you pick and subtract. The "
-                  "slope is the difference of the values over the distance between the points.")
+@exercise("1.1")
 def central_difference(my_central_difference) -> None:
     """``my_central_difference(f, x, eps)`` must approximate f'(x) to O(eps^2)."""
     eps = 1e-4
@@ -56,14 +50,7 @@ def central_difference(my_central_difference) -> None:
                "compares and the distance you divide by")
 
 
-@exercise("1.2",
-          nudge="Take one example: its loss depends on w only through its logit, the dot "
-                "product of x_i and w. What is the loss's derivative with respect to that "
-                "logit, and what does the chain rule add?",
-          pointer="Section 2 of this notebook checks a gradient derived by hand against "
-                  "autograd. The derivative of the logistic loss in the logit is a prediction "
-                  "and a label compared; the logit's derivative in w is x_i. The loss is a "
-                  "mean over the examples, and one matrix product handles all of them.")
+@exercise("1.2")
 def logistic_gradient(my_logistic_grad) -> None:
     """``my_logistic_grad(w, x, y)``: the hand-derived gradient of the mean logistic loss."""
     for n, seed in ((50, 0), (7, 1)):
@@ -87,14 +74,7 @@ def logistic_gradient(my_logistic_grad) -> None:
                "rule (the sigmoid's derivative, the logit's derivative in w) and the mean")
 
 
-@exercise("1.3",
-          nudge="backward fills .grad with the gradient of whatever loss you call it on. How "
-                "do you make each backward see one example only, and what happens to .grad "
-                "between two backward calls?",
-          pointer="Section 5 of this notebook, '.grad adds up', shows what a second backward "
-                  "does and how to clear .grad. Slicing x and y with a range of length one "
-                  "keeps the batch dimension the model expects; torch.cat and torch.stack turn "
-                  "the parameters' gradients into rows and the rows into one tensor.")
+@exercise("1.3")
 def per_example(my_per_example_grads) -> None:
     """``my_per_example_grads(model, x, y)``: a (B, P) tensor, one gradient per example."""
     model = toy.make_mlp(hidden=8, seed=3, dtype=torch.float64)  # small for speed

@@ -54,14 +54,7 @@ def _training_bytes_hint(got: dict, want: dict, params: int, element: int) -> st
             "gradients + optimizer state; count each of the three in bytes")
 
 
-@exercise("2.1",
-          nudge="Training keeps three things for every parameter: the parameter itself, what "
-                "backward leaves beside it, and what the optimizer remembers between steps. "
-                "How many numbers is each, and how many bytes is one number?",
-          pointer="Section 2 of this notebook, 'Where memory goes', breaks the bytes down by "
-                  "optimizer (plain SGD keeps no state, momentum one buffer per parameter, "
-                  "Adam its two running averages). A tensor knows its number of elements and "
-                  "the bytes of one element: both are tensor methods.")
+@exercise("2.1")
 def training_bytes(my_training_bytes) -> None:
     """``my_training_bytes(model, optimizer_name)``: parameters + gradients + optimizer state."""
     models = [toy.make_mlp(hidden=16, seed=0),
@@ -81,14 +74,7 @@ def training_bytes(my_training_bytes) -> None:
             expect(False, _training_bytes_hint(got, want, params, element))
 
 
-@exercise("2.2",
-          nudge="Two questions, one after the other: how many examples fit in one micro-step "
-                "once the fixed memory is paid, and how many micro-steps of that size cover "
-                "the whole global batch?",
-          pointer="Section 4 of this notebook, 'The wall', finds the largest batch that fits "
-                  "and the number of micro-steps it takes. The math module rounds a division "
-                  "down or up; mind which way each of the two answers must round. When no "
-                  "example fits, a ValueError (raise) says so.")
+@exercise("2.2")
 def accumulation_plan(my_accum_steps) -> None:
     """``my_accum_steps(budget, fixed, per_example, global_batch)``: fewest micro-steps that fit."""
     cases = [(10_000, 2_000, 100, 64),  # room for 80 examples: 1 step

@@ -27,14 +27,7 @@ def times(c: float) -> str:
     return f"{c:.3g} times too large" if c > 1 else f"{1 / c:.3g} times too small"
 
 
-@exercise("3.1",
-          nudge=".grad adds up over backward calls, which is what accumulation wants. But the "
-                "loss is a mean: if each micro-batch backwards its own mean, what do the k "
-                "gradients add up to?",
-          pointer="Section 1 of this notebook, 'The manual loop', and 2.1, 'Forgetting the "
-                  "scale': x.chunk and y.chunk give the micro-batches, and each micro-batch's "
-                  "loss needs a factor so that the k of them add up to one mean over the "
-                  "batch. Nothing may clear .grad inside the loop.")
+@exercise("3.1")
 def accumulate(my_accumulate) -> None:
     """``my_accumulate(model, x, y, accum_steps)`` leaves the big-batch gradient in ``.grad``."""
     model = toy.make_mlp(hidden=16, norm="layer", seed=1)
@@ -90,14 +83,7 @@ def _token_case():
     return model, batch, parts, want, own_means
 
 
-@exercise("3.2",
-          nudge="The big batch's loss is one mean over all its scored tokens. When you split "
-                "its sum over the micro-batches, what should each micro-batch's share be "
-                "divided by, so that every token weighs the same?",
-          pointer="Section 2.2 of this notebook, 'Variable-length sequences: mean of "
-                  "micro-batch means', compares normalisations and shows which one equals the "
-                  "big batch. Look at the four arguments: one of them is the number the big "
-                  "batch's mean divides by, and not every argument is needed.")
+@exercise("3.2")
 def token_normalisation(my_micro_loss) -> None:
     """``my_micro_loss(loss_sum, micro_tokens, global_tokens, accum_steps)``: what to backward."""
     model, batch, parts, want, own_means = _token_case()
@@ -139,14 +125,7 @@ def token_normalisation(my_micro_loss) -> None:
                   "the same in the sum of your losses")
 
 
-@exercise("3.3",
-          nudge="A micro-batch's mean loss averages over its own examples only. How big a "
-                "part of the whole batch is each micro-batch, and what should that do to its "
-                "weight?",
-          pointer="Section 2.3 of this notebook, 'An uneven last micro-batch', compares equal "
-                  "weights with weights by size against the big batch. On paper, write the "
-                  "batch's mean as a sum over the micro-batches of their means, each times a "
-                  "factor, and read each factor off.")
+@exercise("3.3")
 def uneven_weights(my_weights) -> None:
     """``my_weights(sizes)``: the factor for each micro-batch's mean loss, e.g. [4, 4, 2]."""
     for sizes in ([4, 4, 2], [8], [5, 5, 5, 1], [3, 3]):

@@ -34,14 +34,7 @@ def _all_close(got, want) -> bool:
                for g, w in zip(got, want, strict=True))
 
 
-@exercise("4.1",
-          nudge="The same parameter lives once in every replica. Take those copies together: "
-                "their mean is one tensor. Must each replica compute it on its own, or can "
-                "they all receive the very same result?",
-          pointer="Section 1 of this notebook, 'N replicas, one process': zip over the "
-                  "replicas' parameters gives the same parameter of every replica together; "
-                  "torch.stack and .mean(dim=0) average a list of tensors, and a tensor's "
-                  "copy_ method writes into it in place.")
+@exercise("4.1")
 def average_gradients(my_average_gradients) -> None:
     """``my_average_gradients(replicas)``: every replica's .grad becomes the mean, in place."""
     ours = _replicas_with_own_grads(world_size=3)
@@ -65,14 +58,7 @@ def average_gradients(my_average_gradients) -> None:
            "was computed on its own, and additions in another order round differently")
 
 
-@exercise("4.2",
-          nudge="With B rows and world_size ranks, every rank owns the same number of rows, "
-                "side by side in rank order. Where does rank r's block start, and where does "
-                "the next one begin?",
-          pointer="Section 1 of this notebook shards a batch with replicas.shard (its "
-                  "docstring shows the layout). A slice of x with a start and a stop picks a "
-                  "block of rows; divmod gives the rows per rank and the rows left over, and "
-                  "rows left over call for a ValueError.")
+@exercise("4.2")
 def shard(my_shard) -> None:
     """``my_shard(x, rank, world_size)``: rank's contiguous block of rows; ValueError if uneven."""
     x = torch.arange(24).reshape(12, 2)  # (12, 2): row i is [2i, 2i + 1]
@@ -122,14 +108,7 @@ def _warmup_hint(got: list[float], peak: float, warm: int) -> str:
     return f"{where}: after the warmup the rate should stay at the peak"
 
 
-@exercise("4.3",
-          nudge="A linear ramp climbs by the same amount every step. How big is each step up "
-                "if step 0 is already one step up and step warmup_steps - 1 is at the peak? "
-                "And what keeps it from climbing further?",
-          pointer="Section 4 of this notebook, 'A bigger batch wants a bigger learning rate', "
-                  "prints a warmup schedule: read off the fraction of the peak each step "
-                  "gets (steps count from 0, so the fraction counts from 1). The built-in min "
-                  "caps a number.")
+@exercise("4.3")
 def warmup(my_warmup_lr) -> None:
     """``my_warmup_lr(step, peak_lr, warmup_steps)``: linear ramp to the peak, then the peak."""
     for peak, warm in ((0.4, 4), (1.0, 10), (0.1, 1)):

@@ -25,20 +25,11 @@ CASES = (  # (what each rank holds before) for 2, 3 and 4 ranks, small whole num
 )
 
 
-REDUCE_SCATTER_NUDGE = (
-    "After an all-reduce every rank holds the whole sum. A reduce-scatter does the same "
-    "additions but shares out the result: what is left on each rank, and how much of it?")
-REDUCE_SCATTER_POINTER = (
-    "Draw `before` as a table, one row per rank and one column per chunk. A reduce-scatter adds "
-    "up each column over all the ranks, and each rank keeps one of the column totals: rank r "
-    "keeps column r's, as a list of one number. So the answer has N lists of one number each.")
-
-
 def _row_sums(before) -> list[list[float]]:
     return [[float(sum(row))] for row in before]
 
 
-@exercise("5.1", nudge=REDUCE_SCATTER_NUDGE, pointer=REDUCE_SCATTER_POINTER)
+@exercise("5.1")
 def reduce_scatter_by_hand(simulate) -> None:
     """``simulate(before)`` returns what every rank holds after a reduce-scatter."""
     library = [expected_after]
@@ -68,14 +59,7 @@ def reduce_scatter_by_hand(simulate) -> None:
         expect(got == want, f"for {n} ranks starting from {before} expected {want}, got {got}")
 
 
-FIT_NUDGE = ("Two measurements, two unknowns: which part of a message's time is the same for "
-             "every size, and which part grows with the bytes?")
-FIT_POINTER = ("Write both times out as alpha plus beta times the bytes. One of the two "
-               "unknowns is gone from their difference; once you know it, either measurement "
-               "gives you the other.")
-
-
-@exercise("5.2", nudge=FIT_NUDGE, pointer=FIT_POINTER)
+@exercise("5.2")
 def two_point_fit(fit) -> None:
     """``fit(n1, t1, n2, t2)`` returns ``(alpha, beta)`` of the line through both."""
     library = [fit_alpha_beta]
@@ -266,35 +250,14 @@ def _check_token_ring(function: str, path: str, world_sizes) -> None:
                TOKEN_RING_ADVICE[function], judge_case, explain_token_error)
 
 
-TOKEN_RING_NUDGE = (
-    "With Gloo a blocking send returns only once the receiving rank is in its recv. If every "
-    "rank sends first, which rank is left to receive? What if not every rank sent first?")
-TOKEN_RING_POINTER = (
-    "Look at the order of dist.send and dist.recv in pass_token and play it through by hand "
-    "for 3 ranks and for 4, one rank at a time: dist.get_rank(group) tells a rank who it is. "
-    "Receive into a new tensor of the token's shape and dtype (torch.empty_like); a group of "
-    "one process sends no message at all.")
-
-
-@exercise("5.3", nudge=TOKEN_RING_NUDGE, pointer=TOKEN_RING_POINTER)
+@exercise("5.3")
 def token_ring(path: str = TOKEN_RING_FILE, world_sizes=WORLD_SIZES) -> None:
     """``pass_token(token, group)`` in the learner's file, with blocking send/recv."""
     _check_token_ring("pass_token", path, world_sizes)
     record_pass("5.3", path)
 
 
-ASYNC_NUDGE = (
-    "isend and irecv only start a message. Until when may the tensor being sent still be in "
-    "use, and from when does the tensor received into hold the message? What happens if a "
-    "rank waits before both of its messages have started?")
-ASYNC_POINTER = (
-    "In pass_token_async, dist.isend and dist.irecv each return a handle whose .wait() blocks "
-    "until that message is done: look at where your waits stand relative to the calls that "
-    "start the messages, and whether every handle is waited on before the function returns. "
-    "A group of one process sends no message at all.")
-
-
-@exercise("5.4", nudge=ASYNC_NUDGE, pointer=ASYNC_POINTER)
+@exercise("5.4")
 def token_ring_async(path: str = TOKEN_RING_ASYNC_FILE, world_sizes=WORLD_SIZES) -> None:
     """``pass_token_async(token, group)`` in the learner's file, with isend/irecv."""
     _check_token_ring("pass_token_async", path, world_sizes)

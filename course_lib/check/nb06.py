@@ -15,16 +15,6 @@ from course_lib.core.collectives import REDUCE_SCATTER, chunk_bounds
 from course_lib.lessons import network_sim, ring_viz
 from course_lib.runtime.workspace import record_pass
 
-RS_NUDGE = (
-    "In one step every rank sends at the same moment, so a receiver adds what its left-hand "
-    "neighbour held before the step, not what it holds after. Read from the old state and "
-    "write a new one.")
-RS_POINTER = (
-    "Loop over the ranks r: the exercise's text gives the chunk rank r sends in this step and "
-    "the rank that receives it, whose copy of that chunk becomes its own copy plus the "
-    "sender's. Write into a fresh list of lists (a new list per rank, the same tensors) and "
-    "return it.")
-
 
 def random_chunks(world_size: int, numel: int, seed: int) -> list[list[torch.Tensor]]:
     """chunks[r][c]: rank r's copy of chunk c, chunk sizes as chunk_bounds cuts them."""
@@ -94,7 +84,7 @@ def check_one_step(step_fn, state, step: int):
     return expected
 
 
-@exercise("6.1", nudge=RS_NUDGE, pointer=RS_POINTER)
+@exercise("6.1")
 def reduce_scatter_step(step_fn) -> None:
     """``step_fn(chunks, step)`` returns the state after reduce-scatter step ``step``."""
     for world_size, numel in ((2, 6), (3, 7), (4, 9), (5, 5)):
@@ -105,17 +95,6 @@ def reduce_scatter_step(step_fn) -> None:
         for r in range(world_size):
             expect(torch.allclose(state[r][r], total[r]),
                    f"after N-1 steps rank {r} should hold the full sum of chunk {r}")
-
-
-BYTES_NUDGE = (
-    "Every step a rank sends one chunk, N - 1 steps in each phase, so in each phase there is "
-    "one chunk it never sends. When N does not divide numel the chunks differ in size: add up "
-    "the sizes of the chunks a rank does send.")
-BYTES_POINTER = (
-    "chunk_bounds(numel, world_size) gives each chunk's (start, end). Section 2's step-by-step "
-    "table (ring_viz.describe_step) shows which chunk each rank sends in each step, so which "
-    "one it skips in the reduce-scatter and which in the all-gather. Bytes are elements times "
-    "element_size; alone, a rank sends nothing.")
 
 
 def _phase_bytes(sizes: list[int], skip: int, element_size: int) -> int:
@@ -142,7 +121,7 @@ def name_bytes_mistake(got: list[int], numel: int, world_size: int, element_size
                   "chunks rank r sends in each phase, and which ones it does not send")
 
 
-@exercise("6.2", nudge=BYTES_NUDGE, pointer=BYTES_POINTER)
+@exercise("6.2")
 def ring_bytes(count_fn) -> None:
     """``count_fn(numel, world_size, element_size)``: bytes each rank sends in the ring."""
     library = [ring_viz.bytes_sent_per_rank, network_sim.simulate]
@@ -163,20 +142,6 @@ def ring_bytes(count_fn) -> None:
 
 MY_RING_FILE = "workspace/my_ring.py"
 RING_CASES = "course_lib.check.mp.ring_cases"
-RING_NUDGE = (
-    "Cut the tensor into N chunks. In the reduce-scatter, every step each rank passes one chunk "
-    "to its right-hand neighbour and adds the chunk arriving from its left to its own copy: "
-    "after N - 1 steps each rank holds the full sum of one chunk. The all-gather passes those "
-    "finished chunks round the same ring, N - 1 steps more, each one taking the place of the "
-    "receiver's copy.")
-RING_POINTER = (
-    "In ring_all_reduce: rank and size come from the group (dist.get_rank, "
-    "dist.get_world_size); a flat view of the tensor (reshape) cut by torch.tensor_split gives "
-    "N chunks that write through to it. Each step starts dist.isend to the right-hand "
-    "neighbour and dist.irecv from the left-hand one, then waits on both handles; the "
-    "reduce-scatter receives into a buffer of its own (torch.empty_like) before adding. "
-    "Section 2's table (ring_viz.describe_step) gives the chunk of each step. If reshape had "
-    "to copy, the sum must go back into the caller's tensor.")
 RING_ADVICE = Advice(
     all_send="In a ring every rank sends and receives in each step, so each rank's receive "
              "must already be under way while it waits for its send to complete.",
@@ -284,7 +249,7 @@ def judge_ring_case(summary: dict, by_rank: dict, run) -> None:
     judge_ring_bytes(by_rank, n)
 
 
-@exercise("6.3", nudge=RING_NUDGE, pointer=RING_POINTER)
+@exercise("6.3")
 def my_ring(path: str = MY_RING_FILE, world_sizes=WORLD_SIZES) -> None:
     """``ring_all_reduce(tensor, group=None)`` in the learner's file: in place, the SUM, from
     point-to-point messages, each rank sending about 2(N-1)/N of the tensor."""

@@ -37,13 +37,7 @@ def whole_bounds(answer) -> bool:
                for v in (answer.start, answer.stop, answer.step))
 
 
-@exercise("7.1", nudge=(
-    "Number the micro-batches of the global batch in the order the ranks own them: all K "
-    "micro-batches of rank 0 first, then those of rank 1, and so on. Which number does "
-    "micro-step k of rank r get?"), pointer=(
-    "Work in rows: the size of one micro-batch (the batch cut into world_size x accum_steps "
-    "equal parts) and the micro-batch's number in that order place its first row. Return a "
-    "slice, built from whole numbers only (// divides whole numbers, / gives a float)."))
+@exercise("7.1")
 def shard_rows(rows_fn) -> None:
     """``rows_fn(global_size, rank, k, world_size, accum_steps)``: the rows of one micro-batch."""
     expect_own_code(rows_fn, micro_batch_slice, "work out the rows yourself, from the sizes")
@@ -87,15 +81,7 @@ def scaled_losses(scale_fn, loss_sums, tokens) -> list[float]:
     return scaled
 
 
-@exercise("7.2", nudge=(
-    "The gradient sync adds up the ranks' gradients and then divides by the number of ranks. "
-    "Work backwards: what must the N ranks' losses add up to, so that their average is the "
-    "mean loss over every token of the global batch?"), pointer=(
-    "You want the gradient of (sum of every token's loss) / (global token count); the sync "
-    "hands you the average over the N ranks of what each backpropagated. One factor, the same "
-    "on every rank and built from global_tokens and world_size (local_tokens would weigh the "
-    "ranks unevenly), turns loss_sum into its share. Multiply the tensor itself: .item() cuts "
-    "it off from the model."))
+@exercise("7.2")
 def scale_loss(scale_fn) -> None:
     """``scale_fn(loss_sum, local_tokens, global_tokens, world_size)``: what to backpropagate.
 
@@ -253,17 +239,7 @@ def judge_dp_case(summary: dict, by_rank: dict, run) -> None:
                "the same step, from the same averaged gradients")
 
 
-@exercise("7.3", nudge=(
-    "Three ideas. The replicas must start equal, and only rank 0's weights count. K micro-"
-    "batch losses are K means, and one step needs one mean. The ring adds up the ranks' "
-    "gradients, the step needs their average, and the ranks need to talk only once per step."),
-    pointer=(
-    "broadcast_parameters: dist.broadcast, rank 0 as the source, called by every rank of the "
-    "group (rank 0 too) on the parameters themselves, in place, under torch.no_grad(). "
-    "data_parallel_step: start from empty gradients (the optimizer can clear them); the "
-    "micro-batch loop only runs backward, scaled, as .grad adds up by itself; after the loop, "
-    "ring_all_reduce on the gradients (per parameter, or one flat buffer) and a division by "
-    "the group's size (dist.get_world_size), then the optimizer's step."))
+@exercise("7.3")
 def my_dp_step(path: str = MY_DP_STEP_FILE, world_sizes=WORLD_SIZES) -> None:
     """``broadcast_parameters`` and ``data_parallel_step`` in the learner's file."""
     learner = find_learner_file(path, ("broadcast_parameters", "data_parallel_step"))

@@ -34,14 +34,7 @@ def reference_buckets(sizes: list[int], cap: int) -> list[list[int]]:
     return [[order[position] for position in bucket] for bucket in plan]
 
 
-@exercise("8.1", nudge=(
-    "Backward makes the last layer's gradient first, so the first bucket to leave holds the "
-    "last parameters. Fill buckets one parameter at a time, in that order: a bucket closes "
-    "when the next parameter would not fit."), pointer=(
-    "One loop over the indices, from the last to the first, with a running total of the open "
-    "bucket's bytes. Before adding a parameter, compare that total plus its size with cap: "
-    "past it (and the bucket not empty), open a new bucket and restart the total. A parameter "
-    "bigger than cap then lands alone in a bucket of its own."))
+@exercise("8.1")
 def buckets_by_hand(plan) -> None:
     """``plan(sizes, cap)`` returns buckets of parameter indices, in launch order."""
     expect_function(plan, "check.nb08.buckets_by_hand(plan_by_hand)")
@@ -98,14 +91,7 @@ def reference_exposed_ms(events: list[dict]) -> float:
     return 1000 * sum(max(0.0, stop - max(start, end)) for start, stop in merged)
 
 
-@exercise("8.2", nudge=(
-    "The step waits only for communication that runs after backward has ended, and two "
-    "collectives running at the same time make it wait once, not twice: think of the union of "
-    "the comm intervals, cut at backward's end."), pointer=(
-    "Take backward's end, the largest end_s of the compute events. Sort the comm intervals "
-    "by start and move each start forward to whatever is later: backward's end, or the end "
-    "of the time you have already counted. Only what remains of the interval after that is "
-    "new exposed time. Remember the result is in milliseconds, the events in seconds."))
+@exercise("8.2")
 def exposed_communication(exposed_ms) -> None:
     """``exposed_ms(events)``: milliseconds of communication NOT hidden under backward."""
     expect_function(exposed_ms, "check.nb08.exposed_communication(exposed_ms)")
@@ -277,18 +263,7 @@ def explain_hooks_error(error: dict, text: str) -> str:
     return ""
 
 
-@exercise("8.3", nudge=(
-    "A gradient hook runs inside backward, the moment one parameter's gradient is final. A "
-    "bucket can leave as soon as the last of its gradients has landed in it, while backward "
-    "computes the rest; an asynchronous all-reduce lets the hook return at once. Only "
-    "finish(), after backward, may wait, and a bucket holds the sum only once its wait is "
-    "over."), pointer=(
-    "In gradient_ready: self.where says which flat bucket the parameter's gradient goes to, "
-    "and at which offset; self.arrived counts what each bucket holds, and self.buckets how "
-    "much it takes. dist.all_reduce with async_op=True returns a handle at once, for "
-    "self.handles. In finish: each handle's wait(), then self.world_size, and self.where again "
-    "to take each slice back into its parameter's .grad (the bucket is flat, p.grad has "
-    "p's shape). Before the next backward: what must be empty again?"))
+@exercise("8.3")
 def my_hooks(path: str = MY_HOOKS_FILE, world_sizes=WORLD_SIZES) -> None:
     """``BucketHooks(model, group, bucket_cap_mb)`` with ``.finish()`` in the learner's file."""
     expect_path(path, f'check.nb08.my_hooks("{MY_HOOKS_FILE}")')

@@ -31,14 +31,7 @@ def reference_indices(size: int, world_size: int, rank: int, epoch: int, seed: i
     return list(sampler)
 
 
-@exercise("9.1", nudge=(
-    "DistributedSampler shuffles the whole dataset the same way on every rank (one seed, "
-    "changed each epoch), makes the list long enough to share out evenly, then deals it out "
-    "like cards."), pointer=(
-    "A torch.Generator seeded with seed + epoch drives torch.randperm. The total length is the "
-    "smallest multiple of world_size that holds size indices, reached by repeating the "
-    "permutation's first indices. Rank r's share starts at r and steps by world_size (a "
-    "slice with a step)."))
+@exercise("9.1")
 def sampler_by_hand(indices) -> None:
     """``indices(size, world_size, rank, epoch, seed)``: what DistributedSampler gives."""
     expect_function(indices, "check.nb09.sampler_by_hand(sampler_indices)")
@@ -96,13 +89,7 @@ def _load(path: str):
         return None
 
 
-@exercise("9.2", nudge=(
-    "A crash halfway through writing must never touch the file that is already there. Where "
-    "could the new bytes go first, and how can they then take the old file's place in one "
-    "step?"), pointer=(
-    "torch.save to a second name in the same folder (path plus a suffix), then os.replace "
-    "that name onto path: a rename within one folder is atomic, so a reader sees the old file "
-    "or the new one, never half. Let errors reach the caller: no try/except."))
+@exercise("9.2")
 def atomic_save(save) -> None:
     """``save(obj, path)`` must leave either the old file or the new one, never half."""
     expect_function(save, "check.nb09.atomic_save(save_atomic)")
@@ -260,15 +247,7 @@ def check_config_class(path: str) -> None:
                         "exercise gives (the checker sets them)")
 
 
-@exercise("9.3", nudge=(
-    "DDP averages the gradients for you; the rest is yours: which examples each rank reads "
-    "each epoch, which micro-steps must not talk, what one logged number means on every "
-    "rank, and who writes the file."), pointer=(
-    "Tools, in the order train needs them: DDP around the model; a DistributedSampler in the "
-    "DataLoader, with set_epoch at each epoch's start; model.no_sync() around the forward and "
-    "the backward of the micro-steps that do not end a step (contextlib.nullcontext() stands "
-    "in on the last); dist.all_reduce for the logged loss; torch.save on rank 0 of the model "
-    "inside DDP (model.module), then dist.barrier()."))
+@exercise("9.3")
 def my_ddp_train(path: str = MY_DDP_FILE, world_sizes=WORLD_SIZES) -> None:
     """``train(config)`` in the learner's file: DDP, sampler, no_sync, logging, checkpoint."""
     expect_path(path, f'check.nb09.my_ddp_train("{MY_DDP_FILE}")')

@@ -34,12 +34,7 @@ def owned_pair(owned, numel: int, world_size: int, rank: int) -> tuple[int, int]
     return int(got[0]), int(got[1])
 
 
-@exercise("10.1", nudge=(
-    "The chunks follow each other without gaps and are as equal as they can be: their sizes "
-    "differ by one at most, and the bigger ones come first."), pointer=(
-    "Every rank gets numel // world_size values, and the numel % world_size values left over "
-    "go one each to the first ranks. Rank r starts after the values of ranks 0 .. r-1: count "
-    "those (how many of them got an extra one?), then add its own size for the end."))
+@exercise("10.1")
 def owned_range(owned) -> None:
     """``owned(numel, world_size, rank)`` returns ``(start, end)`` of rank's chunk."""
     expect_own_code(owned, chunk_bounds, "work out the bounds yourself, with divmod")
@@ -66,13 +61,7 @@ def reference_bytes(num_params: int, world_size: int, stage: int) -> float:
     return sum(shards[stage])
 
 
-@exercise("10.2", nudge=(
-    "Per parameter, in fp32 with AdamW, a rank keeps three things: the weight, its gradient "
-    "and the optimizer's state. Each ZeRO stage shards one more of the three over the ranks."),
-    pointer=(
-    "Start from the three parts, each in bytes: parameters, gradients, optimizer state. "
-    "Stage 1 divides one of them by the world size, stage 2 one more, stage 3 all three. "
-    "Make sure every stage from 0 to 3 reaches a return."))
+@exercise("10.2")
 def bytes_per_rank(model) -> None:
     """``model(num_params, world_size, stage)``: bytes per rank for ZeRO stage 0..3."""
     expect_own_code(model, reference_bytes, "write the sum yourself")
@@ -93,12 +82,7 @@ def bytes_per_rank(model) -> None:
                           f"divides {names[stage]} by the world size, and keeps the rest whole")
 
 
-@exercise("10.3", nudge=(
-    "A norm is the square root of a sum of squares, and a sum can be split into parts: one "
-    "part per shard, each computed where the shard lives."), pointer=(
-    "The squared norm of the whole vector is the sum of the squares of all its values. Group "
-    "that sum by shard: each rank can compute its part alone, one number. Add the N numbers "
-    "(that is the all-reduce), then take the square root once, at the end."))
+@exercise("10.3")
 def global_norm(norm_of_shards) -> None:
     """``norm_of_shards(shards)``: the norm of the whole gradient from one number per shard."""
     for name in ("get_total_norm", "clip_grad_norm_"):
@@ -251,17 +235,7 @@ def judge_zero_case(summary: dict, by_rank: dict, run) -> None:
     judge_zero_values(spec, summary, by_rank)
 
 
-@exercise("10.4", nudge=(
-    "ZeRO-1 is the ring all-reduce cut in two, with the optimizer's step between the halves. "
-    "After the first half each rank holds the sum of one chunk only, so it can update that "
-    "chunk only; the second half hands every updated chunk to every rank. The optimizer "
-    "never sees the other chunks, so its state is 1/N of the whole."), pointer=(
-    "make_shard_optimizer: chunk_bounds gives this rank's chunk, cut where ring_reduce_scatter "
-    "cuts. The optimizer must hold a torch.nn.Parameter that shares its memory with that part "
-    "of flat_params (slicing gives a view; .clone() gives a copy that flat_params never "
-    "sees). zero1_step: the library's ring_reduce_scatter and ring_all_gather, the "
-    "optimizer's step between them; the shard's .grad comes from your chunk of the reduced "
-    "flat_grad, which holds a sum over the ranks."))
+@exercise("10.4")
 def my_zero(path: str = MY_ZERO_FILE, world_sizes=WORLD_SIZES) -> None:
     """``make_shard_optimizer`` and ``zero1_step`` in the learner's file."""
     learner = find_learner_file(path, ("make_shard_optimizer", "zero1_step"))

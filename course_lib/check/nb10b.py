@@ -33,13 +33,7 @@ def same(got: torch.Tensor, want: torch.Tensor) -> bool:
     return torch.allclose(got, want, rtol=1e-6, atol=0)
 
 
-@exercise("10.5", nudge=(
-    "Only the message is compressed: what goes on the wire has fewer bits, what a rank keeps "
-    "and adds up has as many bits as before, and the result is a mean, as data parallelism's."),
-    pointer=(
-    "Follow one rank's gradient: turn it into the 2-byte type before it is sent (Tensor.to), "
-    "then on the receiving side bring each message back to 4 bytes before anything is added, "
-    "and divide by the number of ranks once at the end."))
+@exercise("10.5")
 def compressed_mean(mean_of_messages) -> None:
     """``mean_of_messages(grads)``: every rank's fp32 gradient -> the fp32 mean of their bf16
     messages, as a bf16 all-reduce leaves it in ``.grad``."""

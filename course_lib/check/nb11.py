@@ -148,22 +148,7 @@ def _first_unfinished(results: dict) -> int:
     return next(i for i, (case, _) in enumerate(RUNGS, 1) if case not in results)
 
 
-NUDGE_11_1 = (
-    "Climb one rung at a time. The report names the first rung that fails, and each rung is a "
-    "claim that a notebook checked: accumulation against one big batch (03), processes "
-    "against one process (07), DDP against ours (09). Which lines of the trainer does that "
-    "one claim depend on? Change only those, then run the checker again.")
-POINTER_11_1 = (
-    "Rungs 1 to 3: the loss that train_step backwards; notebook 03 (section 2.2 and exercise "
-    "3.2) and notebook 07 (section 4) say what each micro-step's loss is divided by, notebook "
-    "09 (section 1) what DDP's average over the ranks does to it. Rung 4: what the no_sync() "
-    "block holds (notebook 09, section 4). Rung 5: which ranks reach the broadcast in "
-    "same_start (notebook 05, section 3). Rung 6: the loss that train_step adds up and "
-    "returns (notebook 07, section 5). Rung 7: what the sampler needs before each epoch "
-    "(notebook 09, section 5).")
-
-
-@exercise("11.1", nudge=NUDGE_11_1, pointer=POINTER_11_1)
+@exercise("11.1")
 def capstone_trainer(path: str = TRAINER_FILE, world_size: int = 2) -> None:
     """The learner's trainer, launched on ``world_size`` processes, against the ladder."""
     if _still_open(path):
@@ -211,23 +196,7 @@ def _waiting_rank(run) -> str:
     return ""
 
 
-NUDGE_11_2 = (
-    "The recipe fixes the global batch: processes x accumulation steps x micro-batch = 32. "
-    "A step's time is its compute plus the communication that compute does not hide; a "
-    "process's memory is the parts its ZeRO stage divides, the sync's buffers and one "
-    "micro-batch's activations. Which choice shortens which part, and what does it cost in "
-    "the other?")
-POINTER_11_2 = (
-    "Section 4 of this notebook. Compute: each micro-step pays a fixed cost whatever its size, "
-    "and each process computes its share of the 32 examples. Communication: every collective "
-    "pays its latencies (an all-reduce on N processes 2(N-1) alphas, a reduce-scatter or an "
-    "all-gather N-1), and only what starts before backward ends can hide behind it (section "
-    "4.2). Memory: the activations grow with the micro-batch; notebook 10's table (section 6) "
-    "says what each ZeRO stage divides by N. budget.describe and budget.verdict show every "
-    "part of a plan before you hand it in.")
-
-
-@exercise("11.2", nudge=NUDGE_11_2, pointer=POINTER_11_2)
+@exercise("11.2")
 def capstone_budget(my_plan, challenge: budget.Budget | None = None) -> None:
     """``my_plan()`` returns a ``budget.Plan``; it must keep the recipe and fit both caps."""
     challenge = challenge or budget.Budget()

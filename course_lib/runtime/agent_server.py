@@ -57,7 +57,8 @@ def serve() -> None:
 
     from course_lib.runtime.launch_child import PRELOAD
 
-    for name in PRELOAD:  # what every rank would import again: once here instead
+    for name in PRELOAD:  # what every rank would import again: once here instead (a first
+        # launch's fresh agent does not: a process that launches once might never need it)
         importlib.import_module(name)
 
     start_dir = os.getcwd()

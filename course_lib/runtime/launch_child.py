@@ -8,9 +8,10 @@
   runs TARGET as ``__main__`` and records how the rank ended in ``RUN_DIR/rank{R}.exit``.
   The launcher reads those files to stream output and name a failing rank.
 
-A forked rank inherits every module the agent has imported: the agent imports ``PRELOAD``
-(and what ``COURSE_PRELOAD``, module names, comma-separated, in the launch's environment,
-names) before it forks the ranks, so that no rank imports them again (``preload_modules``).
+A forked rank inherits every module the agent has imported. ``COURSE_PRELOAD`` (module names,
+comma-separated, in the launch's environment) names more for the agent to import before it forks
+the ranks, so that no rank imports them again (``preload_modules``); the agent server imports
+``PRELOAD`` once for every launch it serves (``agent_server.serve``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from course_lib.runtime.files import write_json_atomic
 PR_SET_PDEATHSIG = 1  # Linux prctl option: signal this process when its parent dies
 PRELOAD_ENV = "COURSE_PRELOAD"
 # What every rank that builds an optimizer or DDP imports (torch's optimizers import
-# torch._dynamo when the first one is made): 2 s of CPU per rank, once per agent instead.
+# torch._dynamo when the first one is made): 2 s of CPU per rank, paid once by the agent server.
 PRELOAD = ("torch._dynamo",)
 
 
@@ -63,16 +64,15 @@ def forks_ranks(torchrun_args: list[str]) -> bool:
 
 
 def preload_modules() -> list[str]:
-    """Import ``PRELOAD`` and the modules ``COURSE_PRELOAD`` names, once, here in the agent;
-    return their names. A module imported here costs its CPU once, not once per rank.
+    """Import the modules ``COURSE_PRELOAD`` names, once, here in the agent; return their names.
+    A module imported here costs its CPU once, not once per rank.
 
     Ranks forked after the agent had imported ``torch._dynamo`` used to hang now and then on
     their way out (3 of 22 launches of ``demos/ddp_minimal.py``): a Gloo process group
     destroyed while one of its threads waits for the GIL. ``keep_process_groups`` removes
-    that cause; ``tests/test_launch.py`` launches ddp_minimal many times to hold it.
+    that cause; ``tests/test_launch.py`` launches ddp_minimal again and again to hold it.
     """
-    names = [*PRELOAD, *(n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",")
-                         if n.strip())]
+    names = [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
     for name in names:
         try:
             importlib.import_module(name)
