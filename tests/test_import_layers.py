@@ -91,3 +91,27 @@ def test_a_launched_checker_imports_neither_nbformat_nor_ipython():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=PACKAGE.parent, timeout=120).stdout
     assert out.strip() == "[]", f"the launched checker imports {out.strip()}: import them lazily"
+
+
+def test_showing_the_course_answer_beside_a_pass_imports_no_nbformat():
+    # a kernel shows the course's answer at every passed exercise: reading the notebook as
+    # JSON spares it nbformat's 2 s import; the answer is what nbformat's reading gives
+    code = ("import sys\nfrom course_lib.check.reference import reference_answer\n"
+            "answers = [reference_answer(i) for i in ('3.1', '6.3', '10.4')]\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'nbformat', 'jsonschema'}))"
+            "\nprint(repr(answers))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PACKAGE.parent, timeout=120).stdout.split("\n")
+    assert out[0] == "[]", f"reference_answer imports {out[0]}"
+    import nbformat
+
+    from course_lib.check import reference
+    from course_lib.check.student_copy import make_student_copy
+    for exercise_id, answer in zip(("3.1", "6.3", "10.4"), ast.literal_eval(out[1]),
+                                   strict=True):
+        assert answer and "def " in answer, exercise_id
+        path = next(reference.NOTEBOOKS.glob(f"{int(exercise_id.split('.')[0]):02d}_*.ipynb"))
+        nb = nbformat.read(path, as_version=4)
+        plain = reference.read_notebook(path)
+        assert [c.source for c in plain.cells] == [c.source for c in nb.cells]
+        assert make_student_copy(plain, path.name).blocks == make_student_copy(nb, path.name).blocks

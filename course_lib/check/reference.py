@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
 import os
 import re
 from pathlib import Path
@@ -36,15 +37,43 @@ def exercise_number(text) -> str:
     return f"{int(match[1])}.{int(match[2])}"
 
 
+class Node(dict):
+    """A notebook's JSON with nbformat's attribute access (``nb.cells[0].source``)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value) -> None:
+        self[name] = value
+
+
+def read_notebook(path: Path) -> Node:
+    """A saved notebook (format 4), read as JSON: what ``nbformat.read(path, as_version=4)``
+    gives, without importing nbformat, which validates with jsonschema and takes 2 s of CPU
+    to import: a kernel pays that at its first passed exercise (``show_beside``)."""
+    def node(value):
+        if isinstance(value, dict):
+            return Node({key: node(v) for key, v in value.items()})
+        return [node(v) for v in value] if isinstance(value, list) else value
+
+    nb = node(json.loads(Path(path).read_text(encoding="utf-8")))
+    if nb.get("nbformat") != 4:
+        raise ValueError(f"{path} is not a notebook of format 4")
+    for cell in nb.cells:
+        if isinstance(cell.source, list):  # a saved cell's lines, each with its newline
+            cell.source = "".join(cell.source)
+    return nb
+
+
 def reference_answer(exercise_id: str) -> str | None:
     """The course's answer to ``exercise_id``: the function (or the whole file) its solution
     blocks sit in, markers removed; None when no notebook has that exercise."""
-    import nbformat  # here, not at the top: it takes seconds to import (jsonschema), and
-    # every launched checker imports this module
-
     notebook = int(exercise_id.split(".")[0])
     for path in sorted(NOTEBOOKS.glob(f"{notebook:02d}*_*.ipynb")):  # 06 and 06b, ...
-        nb = nbformat.read(path, as_version=4)
+        nb = read_notebook(path)
         blocks = [b for b in make_student_copy(nb, path.name).blocks
                   if b.exercise_id == exercise_id]
         if blocks:

@@ -231,10 +231,9 @@ def make_student_copy(nb, name: str = "notebook", check_dir: Path | None = None)
     for i in clear:
         nb.cells[i].outputs, nb.cells[i].execution_count = [], None
         nb.cells[i].metadata.pop("execution", None)
-    if blocks:
-        from nbformat.v4 import new_markdown_cell  # slow to import: only when needed
-
-        note = new_markdown_cell(NOTE, id="student-copy-note")
+    if blocks:  # a markdown cell, of the class the other cells are (nbformat's or plain JSON's)
+        note = type(nb.cells[0])(cell_type="markdown", id="student-copy-note", metadata={},
+                                 source=NOTE)
         if nb.nbformat_minor < 5:  # cell ids came with format 4.5
             del note["id"]
         nb.cells.insert(1, note)
