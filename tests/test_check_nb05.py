@@ -5,8 +5,8 @@ import pytest
 from check_reports import shown_report
 
 from course_lib.check import nb05
+from course_lib.check.cases import token_ring_cases
 from course_lib.check.checker import LADDERS, ExerciseError
-from course_lib.check.mp import token_ring_cases
 from course_lib.check.nb05 import reduce_scatter_by_hand, two_point_fit
 from course_lib.lessons import cost_model
 from course_lib.lessons.collective_definitions import expected_after

@@ -9,8 +9,8 @@ import torch
 from check_reports import hint_of
 
 from course_lib.check import nb06
+from course_lib.check.cases import ring_cases
 from course_lib.check.checker import ExerciseError
-from course_lib.check.mp import ring_cases
 from course_lib.check.nb06 import reduce_scatter_step, ring_bytes
 from course_lib.core.collectives import chunk_bounds
 from course_lib.lessons import network_sim, ring_viz

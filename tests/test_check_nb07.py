@@ -9,9 +9,9 @@ import torch
 from check_reports import shown_report
 
 from course_lib.check import nb07, own_work
+from course_lib.check.cases import dp_step_cases
 from course_lib.check.checker import ExerciseError
 from course_lib.check.hints import hint_text
-from course_lib.check.mp import dp_step_cases
 from course_lib.check.mp.learner import LearnerFile
 from course_lib.check.mp.runner import RankResult, Run
 from course_lib.check.mp.verdict import collective_message

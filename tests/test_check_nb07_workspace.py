@@ -12,8 +12,9 @@ from answer_edits import edited, reference, skeleton
 from check_reports import checked_lines, file_hint
 
 from course_lib.check import nb07
+from course_lib.check.cases import dp_step_cases
 from course_lib.check.checker import ExerciseError
-from course_lib.check.mp import dp_step_cases, verdict
+from course_lib.check.mp import verdict
 from course_lib.runtime.workspace import has_passed
 
 FILE = "my_dp_step.py"

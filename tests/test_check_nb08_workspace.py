@@ -8,8 +8,9 @@ from answer_edits import edited, reference, skeleton
 from check_reports import checked_lines, file_hint
 
 from course_lib.check import nb08
+from course_lib.check.cases import hook_cases
 from course_lib.check.checker import ExerciseError
-from course_lib.check.mp import harness, hook_cases, verdict
+from course_lib.check.mp import harness, verdict
 from course_lib.runtime.workspace import has_passed
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,9 @@ from answer_edits import edited, reference, skeleton
 from check_reports import checked_lines, file_hint
 
 from course_lib.check import nb09
+from course_lib.check.cases import ddp_script_cases
 from course_lib.check.checker import ExerciseError
-from course_lib.check.mp import ddp_script_cases, verdict
+from course_lib.check.mp import verdict
 from course_lib.runtime.workspace import has_passed
 
 FILE = "my_ddp_train.py"

@@ -12,8 +12,8 @@ from answer_edits import edited, reference, skeleton
 from check_reports import checked_lines, file_hint
 
 from course_lib.check import nb10
+from course_lib.check.cases import zero_cases
 from course_lib.check.checker import ExerciseError
-from course_lib.check.mp import zero_cases
 from course_lib.runtime.workspace import has_passed
 
 pytestmark = pytest.mark.slow

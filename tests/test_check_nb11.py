@@ -18,7 +18,7 @@ from capstone_bugs import ANOTHER_RIGHT, BUGS, HALF_FIXES, buggy_text, fixed
 from check_reports import report_of, shown_report
 
 from course_lib.check import nb11
-from course_lib.check.mp import capstone_cases
+from course_lib.check.cases import capstone_cases
 from course_lib.check.reference import reference_answer
 from course_lib.lessons import budget
 from course_lib.lessons.budget import Budget, Plan

@@ -5,7 +5,7 @@ of the library's ring is read from the file (no processes started)."""
 import pytest
 import torch
 
-from course_lib.check.mp.ring_mistakes import (
+from course_lib.check.cases.ring_mistakes import (
     cuts,
     library_call,
     mistake_hint,

@@ -8,8 +8,8 @@ import math
 import torch
 
 from course_lib.check.answers import expect_type
+from course_lib.check.cases import token_ring_cases
 from course_lib.check.checker import exercise, expect
-from course_lib.check.mp import token_ring_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
@@ -92,7 +92,7 @@ def two_point_fit(fit) -> None:
 
 TOKEN_RING_FILE = "workspace/token_ring.py"
 TOKEN_RING_ASYNC_FILE = "workspace/token_ring_async.py"
-TOKEN_RING_CASES = "course_lib.check.mp.token_ring_cases"
+TOKEN_RING_CASES = "course_lib.check.cases.token_ring_cases"
 RING_MATCH = ("each rank sends once, to its right-hand neighbour (r + 1) mod N, and receives "
               "once, from its left-hand neighbour (r - 1) mod N")
 SIZE = ("The tensor a rank receives into must have the token's shape and dtype: neither travels "

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from course_lib.check.answers import expect_type
+from course_lib.check.cases import ring_cases, ring_mistakes
 from course_lib.check.checker import exercise, expect
-from course_lib.check.mp import ring_cases, ring_mistakes
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
@@ -141,7 +141,7 @@ def ring_bytes(count_fn) -> None:
 # ---- the ring all-reduce: the learner's own file, launched on 2, 3 and 4 processes --------
 
 MY_RING_FILE = "workspace/my_ring.py"
-RING_CASES = "course_lib.check.mp.ring_cases"
+RING_CASES = "course_lib.check.cases.ring_cases"
 RING_ADVICE = Advice(
     all_send="In a ring every rank sends and receives in each step, so each rank's receive "
              "must already be under way while it waits for its send to complete.",

@@ -8,8 +8,8 @@ import math
 import torch
 
 from course_lib.check.answers import call, expect_tensor_with_grad
+from course_lib.check.cases import dp_step_cases
 from course_lib.check.checker import exercise, expect
-from course_lib.check.mp import dp_step_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
@@ -112,7 +112,7 @@ def scale_loss(scale_fn) -> None:
 # ---- one data-parallel step: the learner's own file, launched on 2, 3 and 4 processes -----
 
 MY_DP_STEP_FILE = "workspace/my_dp_step.py"
-DP_STEP_CASES = "course_lib.check.mp.dp_step_cases"
+DP_STEP_CASES = "course_lib.check.cases.dp_step_cases"
 SAME_CALLS = ("every rank must call ring_all_reduce on the same gradients, in the same order, "
               "once per step")
 DP_STEP_ADVICE = Advice.unpaired(SAME_CALLS, "all-reduces", "all-reduced")

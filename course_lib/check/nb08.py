@@ -8,8 +8,8 @@ import math
 import torch
 
 from course_lib.check.answers import call, expect_function, expect_path, expect_type
+from course_lib.check.cases import hook_cases
 from course_lib.check.checker import ExerciseError, exercise, expect
-from course_lib.check.mp import hook_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
@@ -125,7 +125,7 @@ def exposed_communication(exposed_ms) -> None:
 # ---- gradient hooks: the learner's own file, launched on 2, 3 and 4 processes -------------
 
 MY_HOOKS_FILE = "workspace/my_hooks.py"
-HOOKS_CASES = "course_lib.check.mp.hook_cases"
+HOOKS_CASES = "course_lib.check.cases.hook_cases"
 DEADLINE_S = 60.0  # a launch builds DDP models and trains: more than a ring needs
 LIBRARY_NAMES = ("DistributedDataParallel", "OverlapDataParallel", "BucketedDataParallel",
                  "register_comm_hook")

@@ -13,8 +13,8 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.check.answers import call, describe, expect_function, expect_path
+from course_lib.check.cases import ddp_script_cases
 from course_lib.check.checker import exercise, expect
-from course_lib.check.mp import ddp_script_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
@@ -121,7 +121,7 @@ def atomic_save(save) -> None:
 # ---- a complete DDP script: the learner's own file, launched on 2, 3 and 4 processes ------
 
 MY_DDP_FILE = "workspace/my_ddp_train.py"
-DDP_CASES = "course_lib.check.mp.ddp_script_cases"
+DDP_CASES = "course_lib.check.cases.ddp_script_cases"
 DEADLINE_S = 60.0  # a launch builds DDP models and trains: more than a ring needs
 SAME_ORDER = "Every rank must make the same collective calls in the same order."
 DDP_ADVICE = Advice(all_send=SAME_ORDER, all_recv=SAME_ORDER, mismatch=SAME_ORDER,

@@ -8,8 +8,8 @@ import numbers
 import torch
 
 from course_lib.check.answers import call, expect_type
+from course_lib.check.cases import zero_cases
 from course_lib.check.checker import ExerciseError, exercise, expect
-from course_lib.check.mp import zero_cases
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
 from course_lib.check.mp.verdict import Advice
@@ -114,7 +114,7 @@ def global_norm(norm_of_shards) -> None:
 # ---- a ZeRO-1 step: the learner's own file, launched on 2, 3 and 4 processes -------------
 
 MY_ZERO_FILE = "workspace/my_zero.py"
-ZERO_CASES = "course_lib.check.mp.zero_cases"
+ZERO_CASES = "course_lib.check.cases.zero_cases"
 SAME_HALVES = ("every rank must call ring_reduce_scatter and then ring_all_gather on the "
                "whole flat tensor, once per step")
 ZERO_ADVICE = Advice.unpaired(SAME_HALVES)

@@ -18,7 +18,7 @@ from course_lib.runtime.workspace import record_pass
 
 TRAINER_FILE = "workspace/capstone_trainer.py"
 FUNCTIONS = ("same_start", "train_step", "epoch_orders")
-CASES = "course_lib.check.mp.capstone_cases"
+CASES = "course_lib.check.cases.capstone_cases"
 RUNGS = (  # (the case it reads, what it claims), in the order they are climbed
     ("one micro-step", "one micro-step on one process = one big batch"),
     ("K micro-steps", "K micro-steps on one process = one big batch"),

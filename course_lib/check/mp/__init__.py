@@ -13,7 +13,8 @@ The pieces, in the order a check goes through them:
 - ``verdict``: not done, a learner's exception, a deadlock, a message too big for its buffer,
   time out; ``harness.check_file`` ties it all together, one launch per world size.
 
-An exercise adds one *cases module* (``token_ring_cases``, ``ring_cases``) with
+An exercise adds one *cases module* in ``course_lib.check.cases`` (``token_ring_cases``,
+``ring_cases``) with
 
     case_specs(world_size, options) -> [{"name": ..., "ranks": K, ...}, ...]
     run_case(learner_module, spec, group, tracer, options) -> JSON summary incl. "name", "ranks"

@@ -1,7 +1,7 @@
 """One call that checks a learner's file on several world sizes (used by every such checker).
 
     learner = find_learner_file(path, ("ring_all_reduce",))
-    check_file(learner, "course_lib.check.mp.ring_cases", {}, (2, 3, 4), ADVICE, judge_case)
+    check_file(learner, "course_lib.check.cases.ring_cases", {}, (2, 3, 4), ADVICE, judge_case)
     record_pass("6.3", learner.path)
 
 One launch per world size, smallest first; every case runs inside it. After each launch the
