@@ -168,23 +168,70 @@ def pytest_command(*options) -> list[str]:
     return unit[0]
 
 
-def collected(command: list[str], test_file: str) -> set[str]:
-    """The test ids ``command`` would run from ``test_file`` (collection only)."""
-    args = [test_file if a == "tests" else a for a in command[3:]]
-    done = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+XDIST = {"-n": 2, "--dist": 2, "--no-loadscope-reorder": 1}  # option: words it takes up
+COLLECT = """
+import contextlib, io, json, sys
+import pytest
+out = []
+for args in json.loads(sys.argv[1]):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = pytest.main([*args, "--collect-only"])
+    out.append([int(code), printed.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def selection(command: list[str], test_file: str) -> list[str]:
+    """The arguments of ``command`` (python -m pytest ...) with ``test_file`` for ``tests``,
+    without xdist's: which tests run does not depend on how many processes run them, and
+    xdist would start workers that each collect everything again."""
+    args, words = [], iter(command[3:])
+    for word in words:
+        for _ in range(XDIST.get(word, 1) - 1):
+            next(words)
+        if word not in XDIST:
+            args.append(test_file if word == "tests" else word)
+    return args
+
+
+def collect_all(*selections: list[str]) -> list[list[str]]:
+    """Each selection's collected lines, in order, from one Python that imports pytest, its
+    plugins and the course once (a process each took 7 s of CPU)."""
+    done = subprocess.run([sys.executable, "-c", COLLECT, json.dumps(selections)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    return {line for line in done.stdout.splitlines() if "::" in line}
+    found = json.loads(done.stdout.splitlines()[-1])
+    for (code, printed), args in zip(found, selections, strict=True):
+        assert code == 0, f"pytest {' '.join(args)} --collect-only:\n{printed}"
+    return [[line for line in printed.splitlines() if "::" in line] for _, printed in found]
 
 
-def test_quick_selects_only_the_tests_not_marked_slow():
+@pytest.fixture(scope="module")
+def collections():
+    """What the quick and the unit runs of scripts/test.sh select from a file with slow and
+    fast tests, what -m slow selects there, and the full run's collection, in order."""
+    some = "tests/test_hang_lab.py"
     quick, unit = pytest_command("--quick"), pytest_command("--unit")
-    some = "tests/test_hang_lab.py"  # a file with slow and fast tests
-    fast, every = collected(quick, some), collected(unit, some)
-    marked = collected(["python", "-m", "pytest", "tests", "-q", "-m", "slow"], some)
+    full = ["-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env", "tests",
+            "notebooks"]
+    lists = collect_all(selection(quick, some), selection(unit, some),
+                        ["-q", "-p", "no:cacheprovider", "-m", "slow", some], full)
+    return some, dict(zip(("quick", "unit", "slow", "full"), lists, strict=True))
+
+
+def test_quick_selects_only_the_tests_not_marked_slow(collections):
+    some, found = collections
+    fast, every, marked = (set(found[k]) for k in ("quick", "unit", "slow"))
     assert fast and marked and every - fast == marked  # exactly the slow ones are left out
     assert f"{some}::test_every_case_ends_within_seconds" in marked
     assert f"{some}::test_blamed_ranks_are_read_from_monitored_barrier_messages" in fast
+
+
+def test_selection_drops_only_xdists_options():
+    command = ["python", "-m", "pytest", "tests", "-q", "-n", "3", "--dist", "loadfile",
+               "--no-loadscope-reorder", "-m", "not slow"]
+    assert selection(command, "tests/x.py") == ["tests/x.py", "-q", "-m", "not slow"]
 
 
 def test_the_full_run_is_one_session_over_the_tests_and_the_notebooks():
@@ -197,17 +244,12 @@ def test_the_full_run_is_one_session_over_the_tests_and_the_notebooks():
     assert "--no-loadscope-reorder" in session  # files handed out in tests/conftest.py's order
 
 
-def test_the_longest_files_are_collected_first_and_each_exists():
+def test_the_longest_files_are_collected_first_and_each_exists(collections):
     from suite_order import LONGEST_FIRST, place
 
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--collect-only", "--nbval", "--nbval-current-env", "tests",
-                           "notebooks"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    files = list(dict.fromkeys(line.split("::")[0] for line in done.stdout.splitlines()
-                               if "::" in line))  # in collection order, each once
+    files = list(dict.fromkeys(line.split("::")[0] for line in collections[1]["full"]))
     assert not any(f.endswith(".ipynb") for f in files if f.startswith("tests/"))
-    places = [place(f) for f in files]
+    places = [place(f) for f in files]  # in collection order, each file once
     assert places == sorted(places)  # the listed ones first, in the list's order
     assert set(places) >= set(range(len(LONGEST_FIRST)))  # every entry names a file
 
