@@ -4,7 +4,9 @@ process left behind, not even when the server itself is killed."""
 
 import os
 import signal
+import sys
 import time
+import types
 
 import psutil
 import pytest
@@ -84,3 +86,23 @@ def test_variables_torch_reads_when_imported_get_a_fresh_agent():
     assert needs_fresh_agent({"TORCH_CPP_LOG_LEVEL": "INFO"})
     assert not needs_fresh_agent({"COURSE_PG_TIMEOUT_S": "10", "COURSE_PRELOAD": "torch._dynamo"})
     assert not needs_fresh_agent(None)
+
+
+@pytest.mark.parametrize("in_kernel", [False, True], ids=["a shell", "a notebook kernel"])
+def test_the_first_served_launch_is_a_kernels_first_or_a_shells_second(in_kernel, monkeypatch):
+    # a notebook launches again and again: its first launch already starts the server; a
+    # shell's first launch (perhaps its only one) starts a fresh agent
+    monkeypatch.setattr(launch_module, "AGENT_SERVER", True)
+    monkeypatch.setattr(agent_server._Agents, "launches", 0)
+    if in_kernel:
+        monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    else:
+        monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    spawned = []
+    monkeypatch.setattr(AgentServer, "spawn", lambda self, *a: spawned.append(a) or None)
+    monkeypatch.setattr(agent_server, "_running_server", lambda env: AgentServer.__new__(
+        AgentServer))
+    started = []
+    monkeypatch.setattr(agent_server.subprocess, "Popen", lambda *a, **k: started.append(a))
+    agent_server.start_agent(["python", "-m", "x", "agent"], {}, os.devnull, None, {})
+    assert (len(spawned), len(started)) == ((1, 0) if in_kernel else (0, 1))

@@ -2,9 +2,10 @@
 
 Every launch starts torchrun's agent, and the agent imports torch: about 2 s of CPU, most of
 what a short launch costs. A notebook or a test session launches dozens of times, so from its
-second launch on, ``launch`` asks this server instead: it imported ``torch.distributed.run``
-once, and for each launch it forks a child that becomes the agent (in a new session, with the
-launch's environment, working folder and log file), which forks the ranks as before.
+second launch on (a notebook kernel's first), ``launch`` asks this server instead: it imported
+``torch.distributed.run`` once, and for each launch it forks a child that becomes the agent (in
+a new session, with the launch's environment, working folder and log file), which forks the
+ranks as before.
 
     agent = start_agent(cmd, env, log_path, extra_env, server_env)  # launch.py's call
     # the first launch: subprocess.Popen(cmd); later ones: AgentServer.spawn, a ForkedAgent
@@ -214,7 +215,8 @@ class AgentServer:
 
 class _Agents:
     """How this process starts torchrun's agents: the first one fresh, later ones forked from
-    a server (started at the second launch, kept while torch's variables are the same)."""
+    a server (started at the second launch, in a notebook kernel at the first, kept while
+    torch's variables are the same)."""
 
     launches = 0
     server: AgentServer | None = None
@@ -227,7 +229,9 @@ def start_agent(cmd: list[str], env: dict, log_path: str, extra_env: dict | None
     returns a Popen, or a ``ForkedAgent``. ``server_env``: the environment a server would
     start with, or None for no server."""
     _Agents.launches += 1
-    if server_env is not None and _Agents.launches > 1 and not needs_fresh_agent(extra_env):
+    first_served = 1 if "ipykernel" in sys.modules else 2  # a notebook launches again and again
+    if (server_env is not None and _Agents.launches >= first_served
+            and not needs_fresh_agent(extra_env)):
         server = _running_server(server_env)
         if server is not None:
             open(log_path, "wb").close()  # there from the start, as a fresh agent's is

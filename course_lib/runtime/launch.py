@@ -36,8 +36,8 @@ PROGRESS_ENV = "COURSE_PROGRESS_PATH"
 FORK_WORKERS = sys.platform.startswith("linux")  # macOS: forking after torch is unsafe
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"  # the loopback interface's name
 ADDRESS_IN_USE = ("EADDRINUSE", "Address already in use", "address already in use")
-# From its second launch on, a process forks torchrun's agents from a server that imported
-# torch once (agent_server.py); COURSE_AGENT_SERVER=0 starts a fresh agent every time.
+# From its second launch on (a notebook kernel's first), a process forks torchrun's agents from a
+# server that imported torch once (agent_server.py); COURSE_AGENT_SERVER=0: a fresh agent each time.
 AGENT_SERVER = FORK_WORKERS and os.environ.get("COURSE_AGENT_SERVER", "1") != "0"
 
 
