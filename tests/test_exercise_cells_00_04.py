@@ -1,5 +1,6 @@
 """The exercise cells of notebooks 00-04, each run on its own in a kernel whose names were all
-cleared (``%reset -f``) just before, as a learner who opens the notebook at its exercises may:
+cleared (``%reset -f``) just before, as a learner who opens the notebook at its exercises may
+(one kernel for them all: each cell starts from no names at all, whatever ran before):
 
 - as in the notebook (answered): each prints its "correct" line;
 - as in the student copy (open): each prints its "not done yet" line;
@@ -30,6 +31,13 @@ def exercise_cells(nb):
     return {exercise_id: min(cells) for exercise_id, cells in made.checker_cells.items()}, made
 
 
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """One kernel for the module (starting one costs 4 s of CPU)."""
+    with fresh_kernel(tmp_path_factory.mktemp("kernel")) as started:
+        yield started
+
+
 def run_alone(kernel, source: str):
     assert not kernel.run("%reset -f").failed
     return kernel.run(source)
@@ -40,38 +48,36 @@ def shown(cell) -> str:
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_each_exercise_cell_runs_on_its_own(name, tmp_path):
+def test_each_exercise_cell_runs_on_its_own(name, kernel):
     nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     cells, made = exercise_cells(nb)
     # the copy without the note on top (its cell 1): the notebook's cell numbers
     student = [made.notebook.cells[0], *made.notebook.cells[2:]]
-    with fresh_kernel(tmp_path) as kernel:
-        for exercise_id, i in cells.items():
-            answered = run_alone(kernel, nb.cells[i].source)
-            assert not answered.failed, shown(answered)
-            assert passed_line(exercise_id) in stdout(answered).split("\n")
-            still_open = run_alone(kernel, student[i].source)
-            assert not still_open.failed, shown(still_open)
-            assert not_done_line(exercise_id) in stdout(still_open).split("\n")
+    for exercise_id, i in cells.items():
+        answered = run_alone(kernel, nb.cells[i].source)
+        assert not answered.failed, shown(answered)
+        assert passed_line(exercise_id) in stdout(answered).split("\n")
+        still_open = run_alone(kernel, student[i].source)
+        assert not still_open.failed, shown(still_open)
+        assert not_done_line(exercise_id) in stdout(still_open).split("\n")
 
 
-def test_a_wrong_answer_and_a_missing_name_give_short_reports(tmp_path):
+def test_a_wrong_answer_and_a_missing_name_give_short_reports(kernel):
     nb = nbformat.read(ROOT / "notebooks" / "03_gradient_accumulation.ipynb", as_version=4)
     cells, made = exercise_cells(nb)
     source = nb.cells[cells["3.2"]].source
     solution = "    return loss_sum / global_tokens  # one denominator for every micro-batch"
     assert solution in source
-    with fresh_kernel(tmp_path) as kernel:
-        wrong = run_alone(kernel, source.replace(solution, "    return loss_sum / global_tokens"
-                                                           " / accum_steps"))
-        report = shown(wrong).split("\n")
-        assert wrong.failed and len(report) <= MAX_LINES
-        assert report[0] == "Exercise 3.2: not right yet."
-        assert "3 times too small" in " ".join(report) and "File " not in shown(wrong)
-        missing = run_alone(kernel, source.replace(solution, "    return rel(loss_sum, 1)"))
-        report = shown(missing).split("\n")
-        assert missing.failed and len(report) <= MAX_LINES
-        assert "NameError: name 'rel' is not defined" in report
-        assert RUN_FROM_THE_TOP in " ".join(report)
-        stronger = run_alone(kernel, 'from course_lib import check\ncheck.hint("3.2")')
-        assert stdout(stronger).startswith("Exercise 3.2, hint 1 of 2:")
+    wrong = run_alone(kernel, source.replace(solution, "    return loss_sum / global_tokens"
+                                                       " / accum_steps"))
+    report = shown(wrong).split("\n")
+    assert wrong.failed and len(report) <= MAX_LINES
+    assert report[0] == "Exercise 3.2: not right yet."
+    assert "3 times too small" in " ".join(report) and "File " not in shown(wrong)
+    missing = run_alone(kernel, source.replace(solution, "    return rel(loss_sum, 1)"))
+    report = shown(missing).split("\n")
+    assert missing.failed and len(report) <= MAX_LINES
+    assert "NameError: name 'rel' is not defined" in report
+    assert RUN_FROM_THE_TOP in " ".join(report)
+    stronger = run_alone(kernel, 'from course_lib import check\ncheck.hint("3.2")')
+    assert stdout(stronger).startswith("Exercise 3.2, hint 1 of 2:")

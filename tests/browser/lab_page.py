@@ -43,6 +43,9 @@ READ_CELLS_JS = """(stderrMime) => {
   });
 }"""
 
+PROMPTS_JS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(cell =>
+  (cell.node.querySelector('.jp-InputPrompt') || {textContent: ''}).textContent.trim())"""
+
 FINGERPRINT_JS = """(index) => {
   const cell = window.jupyterapp.shell.currentWidget.content.widgets[index];
   const copy = cell.node.querySelector('.jp-Cell-outputArea').cloneNode(true);
@@ -108,8 +111,14 @@ def run_all_cells(page: Page) -> None:
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
 
 
-def finished(cells: list[dict], must_run: list[int]) -> bool:
-    return all(cells[i]["prompt"] not in NOT_RUN_PROMPTS for i in must_run)
+def read_prompts(page: Page) -> list[str]:
+    """Every cell's prompt ("[3]:", "[*]:"), read without laying the page out: what the wait
+    polls (reading every output's text twice a second kept Chromium busy)."""
+    return page.evaluate(PROMPTS_JS)
+
+
+def finished(prompts: list[str], must_run: list[int]) -> bool:
+    return all(prompts[i] not in NOT_RUN_PROMPTS for i in must_run)
 
 
 def wait_until_run_ends(page: Page, must_run: list[int], timeout_s: float) -> list[dict]:
@@ -121,15 +130,15 @@ def wait_until_run_ends(page: Page, must_run: list[int], timeout_s: float) -> li
     deadline = time.monotonic() + timeout_s
     stopped_since = None
     while time.monotonic() < deadline:
-        cells = read_cells(page)
+        prompts = read_prompts(page)
         idle = kernel_status(page) == "idle"
-        if idle and finished(cells, must_run):
-            return cells
-        queued = any(c["prompt"] == "[*]:" for c in cells)
+        if idle and finished(prompts, must_run):
+            return read_cells(page)
+        queued = "[*]:" in prompts
         if idle and not queued:
             stopped_since = stopped_since or time.monotonic()
             if time.monotonic() - stopped_since > 3:
-                return cells
+                return read_cells(page)
         else:
             stopped_since = None
         time.sleep(0.5)
