@@ -57,7 +57,7 @@ def call(function, *args, **kwargs):
         return function(*args, **kwargs)
     except NotImplementedError:
         raise
-    except Exception as error:  # noqa: BLE001 - any error of the learner's code is reported
+    except Exception as error:  # any error of the learner's code is reported
         shown = [_short_argument(a) for a in args]
         shown += [f"{k}={_short_argument(v)}" for k, v in kwargs.items()]
         name = getattr(function, "__name__", "") or "your function"

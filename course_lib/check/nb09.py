@@ -85,7 +85,7 @@ def _crashing_save(real_save):
 def _load(path: str):
     try:
         return torch.load(path, weights_only=True)
-    except Exception:  # noqa: BLE001 - any failure to read means the file is damaged
+    except Exception:  # any failure to read means the file is damaged
         return None
 
 
@@ -107,7 +107,7 @@ def atomic_save(save) -> None:
         try:
             save({"step": 2}, path)
             crashed = False
-        except Exception:  # noqa: BLE001 - the simulated crash is expected to come through
+        except Exception:  # the simulated crash is expected to come through
             crashed = True
         finally:
             torch.save = real_save

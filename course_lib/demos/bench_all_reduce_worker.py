@@ -32,7 +32,7 @@ from course_lib.runtime.launch import report_progress, save_result
 from course_lib.runtime.worker import worker
 
 
-def torch_all_reduce(tensor, group=None):
+def torch_all_reduce(tensor, group: dist.ProcessGroup | None = None):
     dist.all_reduce(tensor, group=group)
     return tensor
 

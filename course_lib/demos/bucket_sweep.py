@@ -76,7 +76,7 @@ class DDPClock:
     on the clock of a ``CommRecorder`` (seconds from the start of the step); with ``link``,
     the all-reduce runs on that emulated link."""
 
-    def __init__(self, group, world_size: int, recorder: CommRecorder,
+    def __init__(self, group: dist.ProcessGroup, world_size: int, recorder: CommRecorder,
                  link: EmulatedLink | None = None):
         self.group, self.world_size, self.clock = group, world_size, recorder.clock
         self.link = link

@@ -57,7 +57,7 @@ def global_data(seed: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 class HookState:
     """What the communication hook needs, and what it counts."""
 
-    def __init__(self, group, world_size: int):
+    def __init__(self, group: dist.ProcessGroup, world_size: int):
         self.group, self.world_size = group, world_size
         self.calls = 0  # bucket all-reduces so far
 
@@ -134,7 +134,7 @@ class AllReduceSum(torch.autograd.Function):
     gradient that reaches each rank's input is the sum of every rank's incoming gradient."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, group) -> torch.Tensor:
+    def forward(ctx, tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
         total = tensor.clone()
         dist.all_reduce(total, group=group)
@@ -147,8 +147,8 @@ class AllReduceSum(torch.autograd.Function):
         return grad, None
 
 
-def sync_batch_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, group,
-                    eps: float = 1e-5) -> torch.Tensor:
+def sync_batch_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                    group: dist.ProcessGroup, eps: float = 1e-5) -> torch.Tensor:
     """BatchNorm of x (local_batch, channels) with the mean and variance of the GLOBAL batch.
 
     Each rank all-reduces three sums: of x, of x squared and of the example count. Through

@@ -81,7 +81,8 @@ CASES = [Case(failure, setting) for failure, setting in (
     ("stuck-rank", "plain"), ("stuck-rank", "detail"), ("stuck-rank", "monitored"))]
 
 
-def misbehave(failure: str, step: int, rank: int, device: torch.device, group) -> bool:
+def misbehave(failure: str, step: int, rank: int, device: torch.device,
+              group: dist.ProcessGroup) -> bool:
     """Do this rank's mistake, if any, at the start of a step; True: skip the step's all-reduce.
 
     The mismatched broadcast takes the place of the all-reduce, so it comes after
@@ -97,7 +98,7 @@ def misbehave(failure: str, step: int, rank: int, device: torch.device, group) -
     return failure == "mismatch"
 
 
-def training_loop(failure: str, rank: int, device: torch.device, group,
+def training_loop(failure: str, rank: int, device: torch.device, group: dist.ProcessGroup,
                   monitor_group=None) -> None:
     """A few steps of 'all-reduce the gradients', with one classic mistake in step BAD_STEP."""
     for step in range(STEPS):

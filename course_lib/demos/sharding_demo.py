@@ -86,7 +86,7 @@ def gathered_bytes(model: nn.Module) -> int:
                if hasattr(m, "shard_state"))
 
 
-def build(kind: str, group, counter: ByteCounter):
+def build(kind: str, group: dist.ProcessGroup, counter: ByteCounter):
     """The model to call, the module that holds the parameters, and the optimizer."""
     module = new_model()
     if kind == "ddp":
@@ -106,7 +106,7 @@ def build(kind: str, group, counter: ByteCounter):
     return module, module, torch.optim.AdamW(module.parameters(), lr=LR)
 
 
-def train(kind: str, group, rank: int) -> dict:
+def train(kind: str, group: dist.ProcessGroup, rank: int) -> dict:
     """STEPS AdamW steps; what this rank holds after the first and what it sent."""
     counter = ByteCounter()
     model, module, opt = build(kind, group, counter)
@@ -146,7 +146,7 @@ def count_units(kind: str, module: nn.Module, opt) -> int:
     return sum(hasattr(m, "shard_state") for m in module.modules()) if kind == "zero3" else 0
 
 
-def plain_bytes(group) -> int:
+def plain_bytes(group: dist.ProcessGroup) -> int:
     """What a rank sends in one ring all-reduce of every gradient: plain data parallelism."""
     counter = ByteCounter()
     numel = sum(p.numel() for p in new_model().parameters())
@@ -183,7 +183,7 @@ class RecordingShard(FlatShard):
         super().reduce_grad(full)
 
 
-def timeline(group, rank: int) -> list:
+def timeline(group: dist.ProcessGroup, rank: int) -> list:
     """The events of one ZeRO-3 step (forward and backward), in the order they happen."""
     module = new_model()
     for block in module.blocks:
@@ -197,7 +197,7 @@ def timeline(group, rank: int) -> list:
     return list(RecordingShard.events)
 
 
-def compression(group, rank: int) -> dict:
+def compression(group: dist.ProcessGroup, rank: int) -> dict:
     """One backward, gradients all-reduced in fp32 and in bf16 (kept in fp32): error, bytes."""
     grads, sent = {}, {}
     for kind in ("fp32", "bf16"):
@@ -216,7 +216,7 @@ def compression(group, rank: int) -> dict:
             "bf16_bytes": sent["bf16"], "grad_dtype": str(grads["bf16"].dtype)}
 
 
-def run_size(n: int, group, rank: int) -> dict:
+def run_size(n: int, group: dist.ProcessGroup, rank: int) -> dict:
     runs = {kind: train(kind, group, rank) for kind in ("ddp", "zero2", "zero3", "torch fsdp")}
     return {"rank": rank, "numel": sum(p.numel() for p in new_model().parameters()),
             "plain_sent_per_step": plain_bytes(group), "runs": runs}

@@ -49,7 +49,7 @@ def local_loss(model, part, global_tokens, size: int) -> torch.Tensor:
     return scale_by_global_tokens(loss_sum, global_tokens, size)  # x size: the sync averages
 
 
-def train_both(size: int, group, rank: int, device: torch.device) -> dict:
+def train_both(size: int, group: dist.ProcessGroup, rank: int, device: torch.device) -> dict:
     """Train plain DP and ZeRO-1 side by side on a group of ``size`` ranks."""
     plain = wrap_model("allreduce", make_transformer(seed=0, device=device), group, device)
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)

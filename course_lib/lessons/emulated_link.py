@@ -56,7 +56,7 @@ class EmulatedLink:
     group: the process group of ``ddp_hook``. inner: the real all-reduce, run for the numbers.
     """
 
-    def __init__(self, alpha_s: float, bytes_per_s: float, group=None,
+    def __init__(self, alpha_s: float, bytes_per_s: float, group: dist.ProcessGroup | None = None,
                  inner=dist.all_reduce, clock=time.perf_counter):
         if alpha_s < 0 or bytes_per_s <= 0:
             raise ValueError(f"the link needs alpha >= 0 and a positive bandwidth, got "
@@ -79,7 +79,8 @@ class EmulatedLink:
             self.free_at_s = start + self.message_s(nbytes)
             return self.free_at_s
 
-    def all_reduce(self, tensor: torch.Tensor, group=None, async_op: bool = False):
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                   async_op: bool = False):
         """``dist.all_reduce`` on the link: pass it as the wrappers' ``all_reduce=``."""
         work = self.inner(tensor, group=group, async_op=True)
         handle = LinkWork(work, self.schedule(tensor.numel() * tensor.element_size()),

@@ -116,7 +116,7 @@ def _fork_agent(request: dict, start_dir: str) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - an agent's failure ends as a fresh one's would
+    except BaseException:  # an agent's failure ends as a fresh one's would
         traceback.print_exc()
     finally:
         sys.stdout.flush()

@@ -102,7 +102,7 @@ def keep_process_groups() -> list:
         kept.append(group)
         return group
 
-    def destroy_process_group(group=None):
+    def destroy_process_group(group: dist.ProcessGroup | None = None):
         if dist.is_initialized():
             kept.append(dist.group.WORLD)
         if group is not None:

@@ -66,7 +66,8 @@ def restore_rng(states: list[dict], rank: int, world_size: int,
     return True
 
 
-def gather_rng_states(device: torch.device, world_size: int, group=None) -> list[dict]:
+def gather_rng_states(device: torch.device, world_size: int,
+                      group: dist.ProcessGroup | None = None) -> list[dict]:
     """Every rank's generator states, in rank order (a collective: every rank calls it)."""
     mine = rng_state(device)
     if world_size == 1:
@@ -98,7 +99,8 @@ def write_atomic(path: str, payload: dict, crash: bool = False) -> None:
 
 def save_checkpoint(directory: str, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, rank: int, world_size: int,
-                    device: torch.device, group=None, extra: dict | None = None) -> None:
+                    device: torch.device, group: dist.ProcessGroup | None = None,
+                    extra: dict | None = None) -> None:
     """Every rank calls this after optimizer step ``step``; rank 0 writes the file."""
     states = gather_rng_states(device, world_size, group)
     if rank == 0:

@@ -27,8 +27,9 @@ PER_PARAMETER = {"naive": naive_all_reduce, "ring": ring_all_reduce,
 SYNCS = ("ddp", *PER_PARAMETER, "bucketed", "overlap")
 
 
-def wrap_model(name: str, module: nn.Module, group, device, bucket_mb: float | None = 25.0,
-               find_unused_parameters: bool = False, recorder=CountedAllReduce):
+def wrap_model(name: str, module: nn.Module, group: dist.ProcessGroup, device,
+               bucket_mb: float | None = 25.0, find_unused_parameters: bool = False,
+               recorder=CountedAllReduce):
     """``module`` wrapped for the sync ``name``. Ours also get ``.recorder``: their all-reduce
     wrapped by ``recorder``, which counts the calls and the bytes handed to them
     (``course_lib.lessons.timeline.CommRecorder`` times them too, for notebook 08's picture)."""

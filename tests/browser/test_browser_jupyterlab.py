@@ -119,7 +119,7 @@ def save_failure_screenshots(page, out: Path) -> None:
         bad += [i for i, c in enumerate(cells) if c["kind"] == "code" and c["prompt"] == "[ ]:"]
         if bad:
             screenshot_cell(page, bad[0], str(out / f"failure_cell_{bad[0]}.png"))
-    except Exception as error:  # noqa: BLE001 - the test's own failure matters more
+    except Exception as error:  # the test's own failure matters more
         (out / "failure_screenshot_error.txt").write_text(repr(error))
 
 

@@ -85,7 +85,7 @@ def micro_mean_loss(model, micro_batches) -> float:
     return float(means.mean())  # this rank's only: a hint, not a verdict
 
 
-def run_step_case(learner, spec: dict, group, tracer: Tracer) -> dict:
+def run_step_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer) -> dict:
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     module = small_model(seed=0)  # the same weights on every rank
     reference = copy.deepcopy(module)
@@ -111,7 +111,7 @@ def run_step_case(learner, spec: dict, group, tracer: Tracer) -> dict:
             "ref_loss": ref_loss, "micro_mean_loss": hinted, "digest": weights_digest(module)}
 
 
-def run_epochs_case(learner, spec: dict, group, tracer: Tracer) -> dict:
+def run_epochs_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer) -> dict:
     with tracer.watching(spec["name"], range(spec["ranks"])):
         orders = learner.epoch_orders(range(DATASET_SIZE), EPOCHS, group)
     orders = [[int(i) for i in order] for order in orders]
@@ -119,7 +119,7 @@ def run_epochs_case(learner, spec: dict, group, tracer: Tracer) -> dict:
             "dataset_size": DATASET_SIZE}
 
 
-def run_start_case(learner, spec: dict, group, tracer: Tracer) -> dict:
+def run_start_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer) -> dict:
     rank = dist.get_rank(group)
     module = small_model(seed=100 + rank)  # each rank its own weights, until same_start
     with tracer.watching(spec["name"], range(spec["ranks"])):
@@ -128,7 +128,7 @@ def run_start_case(learner, spec: dict, group, tracer: Tracer) -> dict:
             "rank0_digest": weights_digest(small_model(seed=100))}
 
 
-def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
+def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     if spec["name"] == "epochs":
         return run_epochs_case(learner, spec, group, tracer)
     if spec["name"] == "same start":

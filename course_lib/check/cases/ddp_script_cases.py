@@ -152,7 +152,7 @@ def checkpoint_state(path: str, rank: int) -> dict:
         return {}
     try:
         state = torch.load(path, weights_only=True)
-    except Exception:  # noqa: BLE001 - a missing or unreadable file is one answer
+    except Exception:  # a missing or unreadable file is one answer
         return {"found": False}
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
         return {"found": True, "state_dict": False}
@@ -161,7 +161,7 @@ def checkpoint_state(path: str, rank: int) -> dict:
             "params": torch.cat([v.reshape(-1).float() for v in state.values()]).tolist()}
 
 
-def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
+def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     path = os.path.join(options["folder"], f"checkpoint-{n}-{spec['index']}.pt")
     config = learner.Config(**{**spec["config"], "checkpoint": path})

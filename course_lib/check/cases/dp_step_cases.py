@@ -117,7 +117,7 @@ class SyncCounter:
             self.learner.ring_all_reduce = self.original
 
 
-def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
+def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     model = make_model(rank_seed(spec, rank))
     mine, rank0 = tensors(model), tensors(make_model(rank_seed(spec, 0)))

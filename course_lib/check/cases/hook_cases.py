@@ -188,7 +188,7 @@ def count_ready(model: nn.Module, log: AllReduceLog) -> None:
         param.register_post_accumulate_grad_hook(ready)
 
 
-def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
+def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     rank = dist.get_rank(group)
     model = make_model(spec["seed"])
     batches = [batch(spec, rank, step) for step in range(spec["steps"])]

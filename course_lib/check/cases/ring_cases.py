@@ -50,7 +50,7 @@ def flat_list(tensor: torch.Tensor) -> list:
     return tensor.detach().flatten().tolist()  # in the order of the logical shape
 
 
-def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
+def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     function = getattr(learner, options.get("function", "ring_all_reduce"))
     tensor = make_input(spec, dist.get_rank(group))
     before = tensor.clone()

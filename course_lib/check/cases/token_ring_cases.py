@@ -48,7 +48,7 @@ def describe_value(value, token: torch.Tensor) -> dict:
             "values": value.detach().flatten().tolist(), "is_token": value is token}
 
 
-def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
+def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     function = getattr(learner, options["function"])
     token = make_token(spec, dist.get_rank(group))
     before = token.clone()

@@ -88,7 +88,7 @@ def what_it_holds(optimizer, flat: torch.Tensor, at_start: list[torch.Tensor]) -
                               for t, b, t0 in zip(tensors, bounds, at_start, strict=True))}
 
 
-def run_case(learner, spec: dict, group, tracer: Tracer, options: dict) -> dict:
+def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     flat = initial_parameters(spec)
     optimizer_class, optimizer_options = OPTIMIZERS[spec["optimizer"]]

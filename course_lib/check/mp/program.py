@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 learner = load_learner(path)  # the file's top-level code runs here
                 run_cases(cases, specs, groups, learner, tracer, w, options, report, save)
-            except Exception as e:  # noqa: BLE001 - every way the learner's code fails is judged
+            except Exception as e:  # every way the learner's code fails is judged
                 report["error"] = {**describe_error(e, path), "case": report["case"],
                                    "status": tracer.last}
     finally:
