@@ -25,9 +25,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from course_lib.runtime.counting import CountedAllReduce
+
+if TYPE_CHECKING:  # only for the annotations
+    import torch
+    import torch.distributed as dist
 
 
 class Timeline:
@@ -112,7 +116,8 @@ class CommRecorder(CountedAllReduce):
         self.clock = Timeline()
         self.watcher = CompletionWatcher(self.clock)
 
-    def __call__(self, tensor, group=None, async_op: bool = False):
+    def __call__(self, tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                 async_op: bool = False):
         nbytes = self.count(tensor)
         number = sum(e["kind"] == "comm" for e in self.clock.events)  # 0 for the step's first
         event = self.clock.add(f"all-reduce {number}", "comm", self.clock.now(), nbytes=nbytes)
