@@ -105,8 +105,8 @@ def exercise(exercise_id: str, nudge: str | None = None, pointer: str | None = N
     """
 
     def wrap(checker: Callable) -> Callable:
-        given = Ladder(nudge, pointer) if nudge or pointer else None
-        LADDERS[exercise_id] = given or written_ladders().get(exercise_id, Ladder())
+        LADDERS[exercise_id] = (Ladder(nudge, pointer) if nudge or pointer
+                                else written_ladders().get(exercise_id, Ladder()))
 
         @functools.wraps(checker)
         def run(*args, **kwargs) -> None:
