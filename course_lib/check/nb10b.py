@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from course_lib.check.answers import call, expect_type
+from course_lib.check.cases import shard_unit_cases, zero2_cases
 from course_lib.check.checker import exercise, expect
+from course_lib.check.mp.harness import WORLD_SIZES, check_file
+from course_lib.check.mp.learner import find_learner_file
+from course_lib.check.mp.verdict import Advice
+from course_lib.runtime.workspace import record_pass
 
 SIZES = ((2, 7), (4, 33), (8, 300))  # (ranks, values per gradient)
 
@@ -62,3 +69,131 @@ def compressed_mean(mean_of_messages) -> None:
         worst = float(((got - want).abs() / want.abs().clamp_min(1e-30)).max())
         expect(False, f"{world_size} ranks of {numel} values: off by up to {worst:.1e} "
                       "relative from the mean of the bf16 messages added in float32")
+
+
+# ---- ZeRO-2's bucket hook: the learner's file, launched on 2, 3 and 4 processes ----------
+
+MY_ZERO2_FILE = "workspace/my_zero2.py"
+ZERO2_CASES = "course_lib.check.cases.zero2_cases"
+ZERO2_ADVICE = Advice.unpaired("every rank must reduce-scatter each bucket once, in the group "
+                               "it is given", calls="collectives")
+ALL_REDUCES = {"all_reduce", "ring_all_reduce", "naive_all_reduce",
+               "recursive_doubling_all_reduce"}
+
+
+def judge_hook_call(call: dict, rank: int, n: int) -> None:
+    """What one call of the hook kept (the case checked piece.grad's shape), and sent."""
+    expect(not call["shares_bucket"],
+           f"rank {rank}'s piece.grad shares its memory with grads: the whole bucket "
+           f"({call['bucket_bytes']} bytes) stays alive as long as the gradient does, and "
+           "freeing it is what ZeRO-2 is for")
+    reduced = sorted(ALL_REDUCES & set(call["called"]))
+    expect(not reduced, f"your hook all-reduces the bucket ({reduced[0] if reduced else ''}): "
+                        "every rank receives the sum of every chunk and keeps one; a "
+                        "reduce-scatter hands each rank only its own chunk's sum")
+    limit = call["bucket_bytes"] * (n - 1) // n
+    expect(call["sent"] <= limit, f"rank {rank} sent {call['sent']} bytes for a bucket of "
+                                  f"{call['bucket_bytes']}: a reduce-scatter sends (N-1)/N of "
+                                  f"the bucket, {limit} bytes on {n} ranks")
+
+
+def close(got: list, want: list) -> bool:
+    return torch.allclose(torch.tensor(got), torch.tensor(want), rtol=1e-9, atol=1e-12)
+
+
+def judge_zero2_step(spec: dict, got: list, rank: int, step: int, world: int) -> None:
+    """Why rank ``rank``'s parameters after ``step`` are not plain data parallelism's."""
+    n = spec["ranks"]
+    expect(not close(got, zero2_cases.reference(spec, grad_scale=n)[step]),
+           "the step used the SUM of the ranks' gradients: the reduce-scatter adds them up, "
+           "and plain data parallelism steps with their mean")
+    expect(n == world or not close(got, zero2_cases.reference(spec, grad_scale=n / world)[step]),
+           f"the gradients were divided by {world}, the size of the whole world, but this "
+           f"group has {n} ranks: take the size from the group your hook is given")
+    expect(spec["accum"] == 1 or not close(
+        got, zero2_cases.reference(spec, last_micro_only=True)[step]),
+        f"with {spec['accum']} backward passes before the step, only the last one's gradient "
+        "counted: each backward calls the hook once per bucket, and what an earlier one left "
+        "in piece.grad must stay in the sum")
+    gap = float((torch.tensor(got) - torch.tensor(zero2_cases.reference(spec)[step])).abs().max())
+    expect(False, f"after step {step + 1}, rank {rank}'s parameters differ from plain data "
+                  f"parallelism by up to {gap:.2e}")
+
+
+def judge_zero2_case(summary: dict, by_rank: dict, run) -> None:
+    n = summary["ranks"]
+    spec = {s["name"]: s for s in zero2_cases.case_specs(run.world_size, {})}[summary["name"]]
+    want = zero2_cases.reference(spec)
+    for step in range(spec["steps"]):
+        for rank in range(n):
+            got = by_rank[rank]["after"][step]
+            if not close(got, want[step]):
+                judge_zero2_step(spec, got, rank, step, run.world_size)
+    for rank in range(n):  # right values: then what the hook kept and sent
+        for hook_call in by_rank[rank]["hooks"]:
+            judge_hook_call(hook_call, rank, n)
+
+
+@exercise("10.6")
+def my_zero2(path: str = MY_ZERO2_FILE, world_sizes=WORLD_SIZES) -> None:
+    """``reduce_scatter_bucket(grads, piece, group)`` in the learner's file, as Zero2's hook."""
+    learner = find_learner_file(path, ("reduce_scatter_bucket",))
+    check_file(learner, ZERO2_CASES, {}, world_sizes, ZERO2_ADVICE, judge_zero2_case,
+               deadline_s=60.0)
+    record_pass("10.6", path)
+
+
+# ---- ZeRO-3's moments for one wrapped module: the learner's file, on 2, 3 and 4 processes -
+
+MY_FLAT_SHARD_FILE = "workspace/my_flat_shard.py"
+SHARD_UNIT_CASES = "course_lib.check.cases.shard_unit_cases"
+SHARD_UNIT_ADVICE = Advice.unpaired("every rank must gather and reduce-scatter each module at "
+                                    "the same moments, with the unit's own group",
+                                    calls="collectives")
+
+
+def same_values(got: dict, want: dict) -> list[str]:
+    """The names of the parameters whose values differ."""
+    return [k for k in want if not torch.allclose(torch.tensor(got[k]), torch.tensor(want[k]),
+                                                  rtol=1e-9, atol=1e-12)]
+
+
+def judge_loss(got: float, want: float, rank: int, step: int) -> None:
+    expect(math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12),
+           f"rank {rank}'s loss at step {step + 1} is {got:.6f}, plain data parallelism's "
+           f"{want:.6f}: " + ("the first forward computed with other numbers than the "
+                              "model's, so the gathered parameters are not every rank's "
+                              "shard, each in its place" if step == 0 else
+                              "the parameters after the step before were not the same"))
+
+
+def judge_shard_unit_case(summary: dict, by_rank: dict, run) -> None:
+    """The first forward's losses, then the parameters after every step, then every loss."""
+    n = summary["ranks"]
+    spec = {s["name"]: s for s in shard_unit_cases.case_specs(run.world_size, {})}[
+        summary["name"]]
+    losses, params = shard_unit_cases.reference(spec)
+    for rank in range(n):
+        judge_loss(by_rank[rank]["losses"][0], losses[0][rank], rank, 0)
+    for rank in range(n):
+        wrong = same_values(by_rank[rank]["params"], params)
+        summed = shard_unit_cases.reference(spec, grad_scale=n)[1]
+        expect(not wrong or same_values(by_rank[rank]["params"], summed),
+               "the steps used the SUM of the ranks' gradients: the reduce-scatter adds them "
+               "up, and plain data parallelism steps with their mean")
+        expect(not wrong, f"after {shard_unit_cases.STEPS} steps, rank {rank}'s "
+                          f"{', '.join(wrong[:1])} differs from plain data parallelism's, "
+                          "though the first forward was right: look at the gradient each "
+                          "shard gets")
+        for step in range(1, shard_unit_cases.STEPS):
+            judge_loss(by_rank[rank]["losses"][step], losses[step][rank], rank, step)
+
+
+@exercise("10.7")
+def my_flat_shard(path: str = MY_FLAT_SHARD_FILE, world_sizes=WORLD_SIZES) -> None:
+    """``unshard(unit)``, ``reshard(unit)`` and ``reduce_grad(unit)`` in the learner's file,
+    as the moments of the course's fully sharded modules."""
+    learner = find_learner_file(path, ("unshard", "reshard", "reduce_grad"))
+    check_file(learner, SHARD_UNIT_CASES, {}, world_sizes, SHARD_UNIT_ADVICE,
+               judge_shard_unit_case, deadline_s=60.0)
+    record_pass("10.7", path)

@@ -1,35 +1,30 @@
-"""ZeRO stage 2: gradients reduce-scattered while backward runs; each rank keeps only its
-shard's gradient and optimizer state (notebook 10, beyond data parallel).
+"""ZeRO stage 2 (notebook 10b): gradients reduce-scattered while backward runs; each rank
+keeps only its shard's gradient and optimizer state.
 
     optimizer = Zero2(model.parameters(), torch.optim.AdamW, process_group=group, lr=1e-3)
     loss.backward()                     # hooks reduce-scatter each bucket as soon as it is full
-    optimizer.finish_gradient_sync()    # the buckets backward left incomplete, if any
-    optimizer.step()                    # my shard steps; all-gather the parameters
-    optimizer.zero_grad()
+    optimizer.step(); optimizer.zero_grad()  # my shard steps; all-gather the parameters
 
-Zero1 (zero.py) keeps every full gradient until the step. Here, as in OverlapDataParallel,
-each parameter's hook (``register_post_accumulate_grad_hook``: ``.grad`` is final for this
-backward) copies the gradient into its bucket and frees ``.grad``; as soon as a bucket is
-complete, ``ring_reduce_scatter`` leaves the sum of chunk r on rank r, which divides it by N
-(the mean) and adds it to its shard's gradient, and the bucket's buffer is freed. Buckets hold
-consecutive parameters of one param group, last layer first (backward's order), each padded to
-N x s values so that it cuts into N equal chunks; rank r owns chunk r of every bucket, and its
-inner optimizer steps those chunks (element-wise optimizers: SGD, Adam, AdamW, ...). Then
-``ring_all_gather`` gives every rank every chunk: the parameters are whole again.
+Zero1 (zero.py) keeps every full gradient until the step. Here (as in OverlapDataParallel)
+each parameter's hook (``register_post_accumulate_grad_hook``) copies the final gradient into
+its bucket and frees ``.grad``; once a bucket is complete, ``bucket_hook`` (by default
+``reduce_scatter_bucket``: ``ring_reduce_scatter``, then the mean of my chunk) adds my chunk's
+mean to my piece's gradient, and the bucket's buffer is freed. Buckets hold consecutive
+parameters of one param group, last layer first (backward's order), padded to N equal chunks;
+rank r's inner optimizer steps chunk r of every bucket (element-wise optimizers: SGD, AdamW,
+...). Then ``ring_all_gather`` gives every rank every chunk: the parameters are whole again.
 
-Per rank, fp32 AdamW: parameters 4 bytes each (whole), gradients 4/N, optimizer state 8/N.
-Bytes sent: a reduce-scatter and an all-gather, (N-1)/N each: one all-reduce, as plain data
-parallelism. Gloo has no reduce-scatter of its own (its ``reduce_scatter_single`` all-reduces
-and slices: twice the bytes), so the course's ring runs in the hook and backward waits for it.
-Every rank must reduce-scatter the same buckets in the same order: a bucket is reduced only
-after every earlier one, and ``finish_gradient_sync`` (``step`` calls it if you did not) reduces
-what backward left, counting a parameter without a gradient as zeros (so weight decay still
-acts on it, where torch's optimizers skip a parameter whose ``.grad`` is None).
+Per rank, fp32 AdamW: parameters 4 bytes each, gradients 4/N, optimizer state 8/N. Sent: a
+reduce-scatter and an all-gather, (N-1)/N each: one all-reduce, as plain data parallelism
+(Gloo's ``reduce_scatter_single`` all-reduces, then slices: twice the bytes).
+Every rank reduces the same buckets in the same order, each after every earlier one;
+``finish_gradient_sync`` (``step`` calls it) reduces what backward left.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -64,16 +59,29 @@ def make_bucket(params: list[nn.Parameter], rank: int, world_size: int) -> Bucke
     return Bucket(params, offsets, flat, piece, waiting=len(params))
 
 
+def reduce_scatter_bucket(grads: torch.Tensor, piece: nn.Parameter,
+                          process_group: dist.ProcessGroup | None = None,
+                          counter: ByteCounter | None = None) -> None:
+    """ZeRO-2's hook: ``grads`` (N*s,), this rank's gradient of a complete bucket -> the mean
+    over the ranks of my chunk, added to ``piece.grad`` (s,)."""
+    rank, n, s = dist.get_rank(process_group), dist.get_world_size(process_group), piece.numel()
+    ring_reduce_scatter(grads, process_group, counter)  # my chunk: the sum over the ranks
+    mean = grads[rank * s:(rank + 1) * s] / n  # (s,) a new tensor: grads can be freed
+    piece.grad = mean if piece.grad is None else piece.grad + mean  # several backward, one step
+
+
 class Zero2(torch.optim.Optimizer):
     """An optimizer that reduce-scatters gradients in backward and keeps 1/N of them."""
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW,
                  process_group: dist.ProcessGroup | None = None,
-                 bucket_cap_mb: float = 25.0, counter: ByteCounter | None = None, **defaults):
+                 bucket_cap_mb: float = 25.0, counter: ByteCounter | None = None,
+                 bucket_hook=None, **defaults):
         super().__init__(params, defaults)
         self.process_group, self.counter = process_group, counter  # counter: what I send
-        self.rank = dist.get_rank(process_group)
-        self.world_size = dist.get_world_size(process_group)
+        self.bucket_hook = bucket_hook or partial(reduce_scatter_bucket, counter=counter)
+        self.rank, self.world_size = dist.get_rank(process_group), dist.get_world_size(
+            process_group)
         self.buckets, inner_groups = [], []
         for group in self.param_groups:  # a bucket never mixes groups (lr, weight decay, ...)
             last_first = group["params"][::-1]  # backward makes the last layer's first
@@ -104,16 +112,9 @@ class Zero2(torch.optim.Optimizer):
             self.reduce_scatter(self.buckets[self.reduced])  # strictly in order, on every rank
 
     def reduce_scatter(self, bucket: Bucket) -> None:
-        """Chunk r of the bucket's gradients: the sum over the ranks, then the mean, into my
-        piece's ``.grad``; the full-size buffer is freed."""
+        """The bucket's gradients through the hook; the full-size buffer is freed."""
         grads = bucket.grads if bucket.grads is not None else torch.zeros_like(bucket.flat)
-        ring_reduce_scatter(grads, self.process_group, self.counter, check=False)
-        s, r = bucket.piece.numel(), self.rank
-        mean = grads[r * s:(r + 1) * s].div(self.world_size)  # (s,) a new tensor
-        if bucket.piece.grad is None:
-            bucket.piece.grad = mean
-        else:
-            bucket.piece.grad += mean  # gradient accumulation: several backward, one step
+        self.bucket_hook(grads, bucket.piece, self.process_group)  # my chunk's mean, kept
         bucket.grads, bucket.waiting = None, len(bucket.params)  # ready for the next backward
         self.reduced = (self.reduced + 1) % len(self.buckets)  # all done: the next backward
 
@@ -136,7 +137,7 @@ class Zero2(torch.optim.Optimizer):
             mine.update({k: v for k, v in group.items() if k != "params"})  # lr, ...
         self.inner.step()  # updates my chunk of each flat, in place
         for bucket in self.buckets:
-            ring_all_gather(bucket.flat, self.process_group, self.counter, check=False)
+            ring_all_gather(bucket.flat, self.process_group, self.counter)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

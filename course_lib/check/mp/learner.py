@@ -27,6 +27,11 @@ TIMED_OUT = ("Timed out waiting", "timed out")
 MARKED_LINE = re.compile(r'raise NotImplementedError\(\s*"Exercise \d+\.\d+: replace this line')
 
 
+class CaseFinding(Exception):
+    """Raised by a case when the learner's code left what the case cannot go on with (a
+    gradient of the wrong shape, say); its message says what, and is the checker's verdict."""
+
+
 @dataclass(frozen=True)
 class LearnerFile:
     """A checked file: the path as the learner wrote it, and the functions it must define."""
@@ -97,8 +102,10 @@ def _learner_frames(error: BaseException, learner_file: str) -> list[traceback.F
 
 
 def error_kind(error: BaseException, frames: list, raised_here: bool) -> str:
-    """not_done, timeout, peer_gone, learner or checker (a fault of the checker itself)."""
+    """not_done, finding, timeout, peer_gone, learner or checker (the checker's own fault)."""
     text = str(error)
+    if isinstance(error, CaseFinding):
+        return "finding"
     if isinstance(error, NotImplementedError) and raised_here:
         return "not_done"
     if isinstance(error, TimeoutError) or any(s in text for s in TIMED_OUT):

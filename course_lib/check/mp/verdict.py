@@ -265,6 +265,9 @@ def raise_if_stopped(run: Run, learner: LearnerFile, advice: Advice, explain=Non
     raised = learner_error_message(run, learner, explain)
     if raised:
         raise ExerciseError(raised, raised=True)
+    found = next((e for e in errors if e["kind"] == "finding"), None)
+    if found:  # a case saw what the learner's code left, and could not go on
+        raise ExerciseError(f"{found['message']} {where(run, found.get('case'))}")
     if not errors and all(r.reported for r in run.ranks):
         return  # every rank finished every case; a launch that ended late (a busy machine)
         # changes nothing the cases found

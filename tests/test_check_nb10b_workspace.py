@@ -1,0 +1,212 @@
+"""Exercises 10.6 and 10.7: ZeRO-2's bucket hook (workspace/my_zero2.py) and ZeRO-3's gather,
+free and reduce-scatter of one wrapped module (workspace/my_flat_shard.py), launched on several
+processes inside the course's Zero2 and fully_shard. The references are the notebook's own
+files; other right answers pass too, and each wrong answer, an edit of the reference launched
+on 2 processes (3 where the mistake needs a group that is not the world), gets the hint that
+names its mistake and no other."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+from answer_edits import edited, reference, skeleton
+from check_reports import checked_lines, file_hint
+
+from course_lib.check import nb10b
+from course_lib.check.cases import shard_unit_cases, zero2_cases
+from course_lib.check.checker import ExerciseError
+from course_lib.runtime.workspace import has_passed
+
+pytestmark = pytest.mark.slow
+
+# ---- 10.6: ZeRO-2's hook ---------------------------------------------------------------------
+
+ZERO2 = reference("my_zero2.py")
+SIZES = "    rank, n = dist.get_rank(group), dist.get_world_size(group)\n"
+REDUCE = "    ring_reduce_scatter(grads, group)  # my chunk of grads now holds the sum over the " \
+         "ranks\n"
+MEAN = "mean = grads[rank * s:(rank + 1) * s] / n"
+ACCUMULATE = "    if piece.grad is None:\n        piece.grad = mean\n    else:\n" \
+             "        piece.grad += mean  # a second backward before the step: gradients add up\n"
+
+ZERO2_RIGHT = {  # other ways to write it: each passes
+    "torch's reduce_scatter_tensor into a buffer of its own": [
+        (REDUCE, "    mine = torch.empty(s, dtype=grads.dtype)\n"
+                 "    dist.reduce_scatter_tensor(mine, grads, group=group)  # my chunk's sum\n"),
+        (MEAN, "mean = mine / n")],
+    "a copy divided in place, added in place": [
+        (MEAN, "mean = grads[rank * s:(rank + 1) * s].clone().div_(n)"),
+        (ACCUMULATE, "    if piece.grad is None:\n        piece.grad = mean\n    else:\n"
+                     "        piece.grad.add_(mean)\n")],
+}
+ZERO2_MISTAKES = {  # name: (the edits, what the hint says, world size)
+    "no average": ([(MEAN, "mean = grads[rank * s:(rank + 1) * s].clone()")],
+                   "the step used the SUM of the ranks' gradients", 2),
+    "a view of the bucket": ([(MEAN, "mean = grads[rank * s:(rank + 1) * s].div_(n)")],
+                             "rank 0's piece.grad shares its memory with grads", 2),
+    "overwritten, not accumulated": ([(ACCUMULATE, "    piece.grad = mean\n")],
+                                     "only the last one's gradient counted", 2),
+    "an all-reduce": ([("import ring_reduce_scatter", "import ring_all_reduce"),
+                       (REDUCE, "    ring_all_reduce(grads, group)\n")],
+                      "your hook all-reduces the bucket (ring_all_reduce)", 2),
+    "the world's size": ([(SIZES, "    rank, n = dist.get_rank(group), dist.get_world_size()\n")],
+                         "the gradients were divided by 3, the size of the whole world", 3),
+    "no gradient left": ([(ACCUMULATE, "    if piece.grad is not None:\n"
+                                       "        piece.grad += mean\n")],
+                         "after your hook, rank 0's piece.grad is None", 2),
+}
+ZERO2_MARKS = ("the SUM", "shares its memory", "only the last one's", "all-reduces",
+               "size of the whole world", "is None", "differ from plain")
+
+
+def test_the_zero2_reference_passes_and_is_recorded(workspace, capsys):
+    """On 4 processes (a group of 3 among them); nbval runs it on 2, 3 and 4."""
+    path = workspace.put(ZERO2, "my_zero2.py")
+    nb10b.my_zero2(path, world_sizes=(4,))
+    assert capsys.readouterr().out == "Exercise 10.6: correct.\n"
+    assert has_passed("10.6", path)
+
+
+@pytest.mark.parametrize("name", ZERO2_RIGHT)
+def test_other_right_zero2_hooks_pass(workspace, capsys, name):
+    nb10b.my_zero2(workspace.put(edited(ZERO2, ZERO2_RIGHT[name]), "my_zero2.py"),
+                   world_sizes=(3,))
+    assert capsys.readouterr().out == "Exercise 10.6: correct.\n"
+
+
+@pytest.mark.parametrize("name", ZERO2_MISTAKES)
+def test_a_wrong_zero2_hook_gets_the_hint_that_names_its_mistake(workspace, name):
+    edits, words, n = ZERO2_MISTAKES[name]
+    hint = file_hint(nb10b.my_zero2, workspace.put(edited(ZERO2, edits), "my_zero2.py"),
+                     world_sizes=(n,))
+    checked_lines(ExerciseError(hint), nb10b, zero2_cases)  # short, no checker code
+    assert words in hint, hint
+    assert f"launched on {n} processes)" in hint, hint
+    named = [mark for mark in ZERO2_MARKS if mark in hint]
+    assert named == [next(mark for mark in ZERO2_MARKS if mark in words)], named
+
+
+def test_the_references_of_the_mistakes_differ():
+    spec = zero2_cases.case_specs(3, {})[1]
+    assert spec["accum"] == 2
+    plain = zero2_cases.reference(spec)
+    assert zero2_cases.reference(spec, grad_scale=3) != plain
+    assert zero2_cases.reference(spec, last_micro_only=True) != plain
+
+
+# ---- 10.7: ZeRO-3's gather, free and reduce-scatter ------------------------------------------
+
+UNIT = reference("my_flat_shard.py")
+DATA = "    full = unit.full.data  # the same memory; writes here are not versions autograd " \
+       "counts\n"
+WHOLE = "    if full.untyped_storage().nbytes() > 0:"
+PLACE = "    full[r * s:(r + 1) * s] = unit.shard.detach()  # my shard in its place (in full's " \
+        "dtype)\n"
+GATHER = "    ring_all_gather(full, unit.process_group)  # every other shard, from its owner\n"
+FREE = "    unit.full.untyped_storage().resize_(0)  # 0 bytes; the tensor and its views stay\n"
+GRAD_FREED = "    unit.full.grad = None  # the whole gradient lives on only until it is reduced\n"
+HOOK = "    reduce_scatter_bucket(grad, unit.shard, unit.process_group)  # ZeRO-2's hook, as is\n"
+
+UNIT_RIGHT = {
+    "torch's all_gather_into_tensor, its own reduce-scatter": [
+        (PLACE + GATHER, "    mine = unit.shard.detach().to(full.dtype)\n"
+                         "    dist.all_gather_into_tensor(full, mine, group=unit.process_group)\n"),
+        (HOOK, "    n, r, s = unit.world_size, unit.rank, unit.shard_numel\n"
+               "    ring_reduce_scatter(grad, unit.process_group)\n"
+               "    unit.shard.grad = grad[r * s:(r + 1) * s] / n if unit.shard.grad is None "
+               "else unit.shard.grad + grad[r * s:(r + 1) * s] / n\n"),
+        ("from course_lib.core.collectives import ring_all_gather",
+         "from course_lib.core.collectives import ring_reduce_scatter")],
+    "gathered again even when whole": [(WHOLE + "\n        return  # whole already\n", "")],
+}
+UNIT_MISTAKES = {  # name: (the edits, what the hint says)
+    "not freed after forward": ([(FREE, "    unit.full.grad = None\n")],
+                                "after its forward, reshard(unit) for blocks.0, unit.full "
+                                "still holds"),
+    "not freed after backward": ([("    reshard(unit)  # the parameters too, until the next "
+                                   "forward\n", "")],
+                                 "after reduce_grad(unit) for blocks.1, unit.full still holds"),
+    "the gradient kept": ([(GRAD_FREED, "")], "unit.full.grad still holds this rank's whole "
+                                              "gradient"),
+    "a write autograd counts": ([(DATA, "    full = unit.full\n"),
+                                 (PLACE + GATHER, "    with torch.no_grad():\n"
+                                  "        full[r * s:(r + 1) * s] = unit.shard.detach()\n"
+                                  "        ring_all_gather(full, unit.process_group)\n")],
+                                "backward could not use the parameters it saved in forward"),
+    "never gathered": ([(WHOLE, "    if full.numel() > 0:")],
+                       "after unshard(unit) for the root, unit.full has 0 bytes of memory"),
+    "its shard in the wrong place": ([(PLACE, "    full[:s] = unit.shard.detach()\n")],
+                                     "rank 1's own place in unit.full (values 26..51) does not "
+                                     "hold its shard"),
+    "other memory instead of none": ([(FREE, "    unit.full.data = torch.empty(0, dtype=unit."
+                                             "full.dtype)\n")],
+                                     "reshard(unit) for blocks.0 gave unit.full other memory"),
+    "gathers in a different order on each rank": (
+        [(GATHER, "    n = dist.get_world_size(unit.process_group)\n"
+                  "    for owner in [r] + [o for o in range(n) if o != r]:  # mine first\n"
+                  "        dist.broadcast(full[owner * s:(owner + 1) * s], src=owner,\n"
+                  "                       group=unit.process_group)\n")],
+        "every rank waits in broadcast (line "),
+    "a sum, not a mean": ([(HOOK, "    r, s = unit.rank, unit.shard_numel\n"
+                                  "    zero2.ring_reduce_scatter(grad, unit.process_group)\n"
+                                  "    unit.shard.grad = grad[r * s:(r + 1) * s].clone()\n")],
+                          "the steps used the SUM of the ranks' gradients"),
+}
+UNIT_MARKS = ("after its forward", "after reduce_grad(unit) for blocks.1, unit.full still",
+              "unit.full.grad still", "backward could not", "0 bytes of memory", "own place",
+              "other memory", "waits in broadcast", "the SUM")
+
+
+def test_the_unit_reference_passes_and_is_recorded(workspace, capsys):
+    path = workspace.put(UNIT, "my_flat_shard.py")
+    nb10b.my_flat_shard(path, world_sizes=(3,))
+    assert capsys.readouterr().out.endswith("Exercise 10.7: correct.\n")
+    assert has_passed("10.7", path)
+
+
+@pytest.mark.parametrize("name", UNIT_RIGHT)
+def test_other_right_units_pass(workspace, capsys, name):
+    nb10b.my_flat_shard(workspace.put(edited(UNIT, UNIT_RIGHT[name]), "my_flat_shard.py"),
+                        world_sizes=(2,))
+    assert capsys.readouterr().out.endswith("Exercise 10.7: correct.\n")
+
+
+@pytest.mark.parametrize("name", UNIT_MISTAKES)
+def test_a_wrong_unit_gets_the_hint_that_names_its_mistake(workspace, name):
+    edits, words = UNIT_MISTAKES[name]
+    hint = file_hint(nb10b.my_flat_shard, workspace.put(edited(UNIT, edits), "my_flat_shard.py"),
+                     world_sizes=(2,))
+    checked_lines(ExerciseError(hint), nb10b, shard_unit_cases)
+    assert words in hint, hint
+    assert "launched on 2 processes)" in hint, hint
+    named = [mark for mark in UNIT_MARKS if mark in hint]
+    assert named == [next(mark for mark in UNIT_MARKS if mark in words)], named
+
+
+def test_the_skeletons_are_not_done_yet(workspace, capsys):
+    nb10b.my_zero2(workspace.put(skeleton("my_zero2.py"), "my_zero2.py"))
+    nb10b.my_flat_shard(workspace.put(skeleton("my_flat_shard.py"), "my_flat_shard.py"))
+    out = capsys.readouterr().out
+    assert "Exercise 10.6: not done yet" in out and "Exercise 10.7: not done yet" in out
+
+
+def torchrun(path: str) -> str:
+    """What the file's own test (its ``__main__`` block) prints under torchrun, 2 processes."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", path], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_both_files_run_unchanged_under_torchrun(workspace):
+    out = torchrun(workspace.put(ZERO2, "my_zero2.py"))
+    weights = re.findall(r"rank \d: weight\[0\] = (\[[^\]]*\]), my gradient: \[(\d+)\] values",
+                         out)
+    assert len(weights) == 2 and len({w for w, _ in weights}) == 1, out  # the replicas agree
+    assert {n for _, n in weights} == {"8"}, out  # 15 values: 8 a rank, one of them padding
+    out = torchrun(workspace.put(UNIT, "my_flat_shard.py"))
+    gathered = re.findall(r"rank \d: gathered (\[[^\]]*\])", out)
+    assert len(gathered) == 2 and gathered[0] == gathered[1], out
+    assert len(re.findall(r"rank \d: freed, full holds 0 bytes", out)) == 2, out
