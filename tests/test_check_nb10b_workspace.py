@@ -31,10 +31,10 @@ ACCUMULATE = "    if piece.grad is None:\n        piece.grad = mean\n    else:\n
              "        piece.grad += mean  # a second backward before the step: gradients add up\n"
 
 ZERO2_RIGHT = {  # other ways to write it: each passes
-    "torch's reduce_scatter_tensor into a buffer of its own": [
-        (REDUCE, "    mine = torch.empty(s, dtype=grads.dtype)\n"
-                 "    dist.reduce_scatter_tensor(mine, grads, group=group)  # my chunk's sum\n"),
-        (MEAN, "mean = mine / n")],
+    "divided before the reduce-scatter": [
+        (REDUCE, "    grads /= n  # each rank's share of the mean, before the sum\n"
+                 "    ring_reduce_scatter(grads, group)  # my chunk: the mean itself\n"),
+        (MEAN, "mean = grads[rank * s:(rank + 1) * s].clone()")],
     "a copy divided in place, added in place": [
         (MEAN, "mean = grads[rank * s:(rank + 1) * s].clone().div_(n)"),
         (ACCUMULATE, "    if piece.grad is None:\n        piece.grad = mean\n    else:\n"
@@ -50,14 +50,29 @@ ZERO2_MISTAKES = {  # name: (the edits, what the hint says, world size)
     "an all-reduce": ([("import ring_reduce_scatter", "import ring_all_reduce"),
                        (REDUCE, "    ring_all_reduce(grads, group)\n")],
                       "your hook all-reduces the bucket (ring_all_reduce)", 2),
+    "torch's reduce_scatter_tensor": ([(REDUCE, "    mine = torch.empty(s, dtype=grads.dtype)\n"
+                                                "    dist.reduce_scatter_tensor(mine, grads, "
+                                                "group=group)\n"),
+                                       (MEAN, "mean = mine / n")],
+                                      "your hook calls dist.reduce_scatter_tensor: Gloo runs "
+                                      "it as an all-reduce", 2),
+    "the next rank's chunk": ([(MEAN, "k = (rank + 1) % n\n    mean = grads[k * s:(k + 1) * "
+                                      "s] / n")],
+                              "rank 0's piece.grad got the mean of chunk 1 of the bucket", 2),
     "the world's size": ([(SIZES, "    rank, n = dist.get_rank(group), dist.get_world_size()\n")],
                          "the gradients were divided by 3, the size of the whole world", 3),
+    "the ring on the whole world": ([("ring_reduce_scatter(grads, group)",
+                                      "ring_reduce_scatter(grads)")],
+                                    "ring_reduce_scatter sent on the whole world, ranks 0..2, "
+                                    "but this case gave your function a group of ranks [0, 1]",
+                                    3),
     "no gradient left": ([(ACCUMULATE, "    if piece.grad is not None:\n"
                                        "        piece.grad += mean\n")],
                          "after your hook, rank 0's piece.grad is None", 2),
 }
 ZERO2_MARKS = ("the SUM", "shares its memory", "only the last one's", "all-reduces",
-               "size of the whole world", "is None", "differ from plain")
+               "reduce_scatter_tensor", "got the mean of chunk", "size of the whole world",
+               "sent on the whole world", "is None", "differ from plain")
 
 
 def test_the_zero2_reference_passes_and_is_recorded(workspace, capsys):
@@ -107,6 +122,8 @@ GATHER = "    ring_all_gather(full, unit.process_group)  # every other shard, fr
 FREE = "    unit.full.untyped_storage().resize_(0)  # 0 bytes; the tensor and its views stay\n"
 GRAD_FREED = "    unit.full.grad = None  # the whole gradient lives on only until it is reduced\n"
 HOOK = "    reduce_scatter_bucket(grad, unit.shard, unit.process_group)  # ZeRO-2's hook, as is\n"
+OWN_REDUCE = "    r, s, n = unit.rank, unit.shard_numel, unit.world_size\n" \
+             "    zero2.ring_reduce_scatter(grad, unit.process_group)\n"
 
 UNIT_RIGHT = {
     "torch's all_gather_into_tensor, its own reduce-scatter": [
@@ -114,11 +131,16 @@ UNIT_RIGHT = {
                          "    dist.all_gather_into_tensor(full, mine, group=unit.process_group)\n"),
         (HOOK, "    n, r, s = unit.world_size, unit.rank, unit.shard_numel\n"
                "    ring_reduce_scatter(grad, unit.process_group)\n"
-               "    unit.shard.grad = grad[r * s:(r + 1) * s] / n if unit.shard.grad is None "
-               "else unit.shard.grad + grad[r * s:(r + 1) * s] / n\n"),
+               "    mean = grad[r * s:(r + 1) * s] / n\n"
+               "    unit.shard.grad = mean if unit.shard.grad is None else unit.shard.grad + "
+               "mean\n"),
         ("from course_lib.core.collectives import ring_all_gather",
          "from course_lib.core.collectives import ring_reduce_scatter")],
-    "gathered again even when whole": [(WHOLE + "\n        return  # whole already\n", "")],
+    "the gradient freed after it is reduced, through the full tensor": [
+        (GRAD_FREED, ""),
+        ("    reshard(unit)  # the parameters too, until the next forward\n",
+         "    unit.full.grad = None  # the whole gradient, freed once reduced\n"
+         "    reshard(unit)\n")],
 }
 UNIT_MISTAKES = {  # name: (the edits, what the hint says)
     "not freed after forward": ([(FREE, "    unit.full.grad = None\n")],
@@ -136,9 +158,12 @@ UNIT_MISTAKES = {  # name: (the edits, what the hint says)
                                 "backward could not use the parameters it saved in forward"),
     "never gathered": ([(WHOLE, "    if full.numel() > 0:")],
                        "after unshard(unit) for the root, unit.full has 0 bytes of memory"),
-    "its shard in the wrong place": ([(PLACE, "    full[:s] = unit.shard.detach()\n")],
-                                     "rank 1's own place in unit.full (values 26..51) does not "
-                                     "hold its shard"),
+    "its shard put in after the gather": ([(PLACE + GATHER, GATHER + PLACE)],
+                                          "values 0..25 of unit.full on rank 1 are not rank "
+                                          "0's shard"),
+    "gathered again when whole": ([(WHOLE + "\n        return  # whole already\n", "")],
+                                  "unshard(unit) for blocks.0 gathered again while unit.full "
+                                  "was whole already"),
     "other memory instead of none": ([(FREE, "    unit.full.data = torch.empty(0, dtype=unit."
                                              "full.dtype)\n")],
                                      "reshard(unit) for blocks.0 gave unit.full other memory"),
@@ -148,14 +173,21 @@ UNIT_MISTAKES = {  # name: (the edits, what the hint says)
                   "        dist.broadcast(full[owner * s:(owner + 1) * s], src=owner,\n"
                   "                       group=unit.process_group)\n")],
         "every rank waits in broadcast (line "),
-    "a sum, not a mean": ([(HOOK, "    r, s = unit.rank, unit.shard_numel\n"
-                                  "    zero2.ring_reduce_scatter(grad, unit.process_group)\n"
-                                  "    unit.shard.grad = grad[r * s:(r + 1) * s].clone()\n")],
+    "a sum, not a mean": ([(HOOK, OWN_REDUCE + "    unit.shard.grad = grad[r * s:(r + 1) * "
+                                               "s].clone()\n")],
                           "the steps used the SUM of the ranks' gradients"),
+    "the shard's gradient a view of the whole": ([(HOOK, OWN_REDUCE + "    unit.shard.grad = "
+                                                   "grad[r * s:(r + 1) * s].div_(n)\n")],
+                                                 "unit.shard.grad shares its memory with the "
+                                                 "module's whole gradient"),
+    "overwritten, not accumulated": ([(HOOK, OWN_REDUCE + "    unit.shard.grad = grad[r * s:"
+                                                         "(r + 1) * s] / n\n")],
+                                     "what an earlier one left in unit.shard.grad must stay"),
 }
 UNIT_MARKS = ("after its forward", "after reduce_grad(unit) for blocks.1, unit.full still",
-              "unit.full.grad still", "backward could not", "0 bytes of memory", "own place",
-              "other memory", "waits in broadcast", "the SUM")
+              "unit.full.grad still", "backward could not", "0 bytes of memory",
+              "are not rank 0's shard", "gathered again", "other memory", "waits in broadcast",
+              "the SUM", "unit.shard.grad shares", "an earlier one left")
 
 
 def test_the_unit_reference_passes_and_is_recorded(workspace, capsys):

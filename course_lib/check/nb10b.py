@@ -91,6 +91,11 @@ def judge_hook_call(call: dict, rank: int, n: int) -> None:
     expect(not reduced, f"your hook all-reduces the bucket ({reduced[0] if reduced else ''}): "
                         "every rank receives the sum of every chunk and keeps one; a "
                         "reduce-scatter hands each rank only its own chunk's sum")
+    torch_rs = sorted({"reduce_scatter", "reduce_scatter_tensor"} & set(call["called"]))
+    expect(not torch_rs, f"your hook calls dist.{torch_rs[0] if torch_rs else ''}: Gloo runs it "
+                         "as an all-reduce of the whole bucket and keeps a slice, twice a "
+                         "reduce-scatter's bytes; this exercise builds it from the ring's "
+                         "first half")
     limit = call["bucket_bytes"] * (n - 1) // n
     expect(call["sent"] <= limit, f"rank {rank} sent {call['sent']} bytes for a bucket of "
                                   f"{call['bucket_bytes']}: a reduce-scatter sends (N-1)/N of "
@@ -120,10 +125,23 @@ def judge_zero2_step(spec: dict, got: list, rank: int, step: int, world: int) ->
                   f"parallelism by up to {gap:.2e}")
 
 
+def judge_chunks(by_rank: dict, n: int) -> None:
+    """Each rank must keep its own chunk: rank r's is values r*s .. (r+1)*s of the bucket."""
+    for rank in range(n):
+        for hook_call in by_rank[rank]["hooks"]:
+            k, s = hook_call["took_chunk"], hook_call["s"]
+            if k is not None and k != rank:
+                expect(False, f"rank {rank}'s piece.grad got the mean of chunk {k} of the "
+                              f"bucket (values {k * s}..{(k + 1) * s - 1}), but rank {rank}'s "
+                              f"piece is chunk {rank}, values {rank * s}..{(rank + 1) * s - 1}")
+
+
 def judge_zero2_case(summary: dict, by_rank: dict, run) -> None:
     n = summary["ranks"]
     spec = {s["name"]: s for s in zero2_cases.case_specs(run.world_size, {})}[summary["name"]]
     want = zero2_cases.reference(spec)
+    if any(not close(by_rank[r]["after"][-1], want[-1]) for r in range(n)):
+        judge_chunks(by_rank, n)  # wrong values: first, whose chunk did each rank keep?
     for step in range(spec["steps"]):
         for rank in range(n):
             got = by_rank[rank]["after"][step]
@@ -158,17 +176,17 @@ def same_values(got: dict, want: dict) -> list[str]:
                                                   rtol=1e-9, atol=1e-12)]
 
 
-def judge_loss(got: float, want: float, rank: int, step: int) -> None:
+def judge_loss(got: float, want: float, rank: int, forward: int) -> None:
     expect(math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12),
-           f"rank {rank}'s loss at step {step + 1} is {got:.6f}, plain data parallelism's "
-           f"{want:.6f}: " + ("the first forward computed with other numbers than the "
-                              "model's, so the gathered parameters are not every rank's "
-                              "shard, each in its place" if step == 0 else
-                              "the parameters after the step before were not the same"))
+           f"rank {rank}'s loss in forward {forward + 1} is {got:.6f}, plain data "
+           f"parallelism's {want:.6f}: " + (
+               "the first forward computed with other numbers than the model's, so the "
+               "gathered parameters are not every rank's shard, each in its place"
+               if forward == 0 else "the parameters it computed with were not the same"))
 
 
 def judge_shard_unit_case(summary: dict, by_rank: dict, run) -> None:
-    """The first forward's losses, then the parameters after every step, then every loss."""
+    """The first forward's losses, then the parameters after the steps, then every loss."""
     n = summary["ranks"]
     spec = {s["name"]: s for s in shard_unit_cases.case_specs(run.world_size, {})}[
         summary["name"]]
@@ -181,12 +199,16 @@ def judge_shard_unit_case(summary: dict, by_rank: dict, run) -> None:
         expect(not wrong or same_values(by_rank[rank]["params"], summed),
                "the steps used the SUM of the ranks' gradients: the reduce-scatter adds them "
                "up, and plain data parallelism steps with their mean")
-        expect(not wrong, f"after {shard_unit_cases.STEPS} steps, rank {rank}'s "
-                          f"{', '.join(wrong[:1])} differs from plain data parallelism's, "
-                          "though the first forward was right: look at the gradient each "
-                          "shard gets")
-        for step in range(1, shard_unit_cases.STEPS):
-            judge_loss(by_rank[rank]["losses"][step], losses[step][rank], rank, step)
+        expect(not wrong or spec["accum"] == 1,
+               f"after {spec['accum']} backward passes and one step, rank {rank}'s "
+               f"{', '.join(wrong[:1])} differs from plain data parallelism's: each backward "
+               "calls reduce_grad once, and what an earlier one left in unit.shard.grad must "
+               "stay in the sum")
+        expect(not wrong, f"after {spec['steps']} steps, rank {rank}'s {', '.join(wrong[:1])} "
+                          "differs from plain data parallelism's, though the first forward "
+                          "was right: look at the gradient each shard gets")
+        for i in range(1, len(losses)):
+            judge_loss(by_rank[rank]["losses"][i], losses[i][rank], rank, i)
 
 
 @exercise("10.7")

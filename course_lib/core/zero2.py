@@ -60,12 +60,12 @@ def make_bucket(params: list[nn.Parameter], rank: int, world_size: int) -> Bucke
 
 
 def reduce_scatter_bucket(grads: torch.Tensor, piece: nn.Parameter,
-                          process_group: dist.ProcessGroup | None = None,
+                          group: dist.ProcessGroup | None = None,
                           counter: ByteCounter | None = None) -> None:
     """ZeRO-2's hook: ``grads`` (N*s,), this rank's gradient of a complete bucket -> the mean
     over the ranks of my chunk, added to ``piece.grad`` (s,)."""
-    rank, n, s = dist.get_rank(process_group), dist.get_world_size(process_group), piece.numel()
-    ring_reduce_scatter(grads, process_group, counter)  # my chunk: the sum over the ranks
+    rank, n, s = dist.get_rank(group), dist.get_world_size(group), piece.numel()
+    ring_reduce_scatter(grads, group, counter)  # my chunk: the sum over the ranks
     mean = grads[rank * s:(rank + 1) * s] / n  # (s,) a new tensor: grads can be freed
     piece.grad = mean if piece.grad is None else piece.grad + mean  # several backward, one step
 

@@ -22,10 +22,10 @@ from torch import nn
 
 from course_lib.check.mp.learner import CaseFinding
 from course_lib.check.mp.tracer import Tracer
-from course_lib.core.flat_shard import FlatShard
+from course_lib.core.flat_shard import FlatShard, parameter_places
 from course_lib.core.fully_shard import shard_module
 
-FEATURES, WIDTH, CLASSES, BATCH, STEPS = 4, 6, 3, 5, 2
+FEATURES, WIDTH, CLASSES, BATCH = 4, 6, 3, 5
 LR, MOMENTUM = 0.1, 0.9
 
 
@@ -52,10 +52,18 @@ class Net(nn.Module):
 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
-    return [{"name": "2 steps, two blocks and the root", "twice": False, "seed": 0,
-             "ranks": world_size},
-            {"name": "2 steps, block 0 used twice in forward", "twice": True, "seed": 1,
-             "ranks": world_size}]
+    n = world_size
+    specs = [{"name": "2 steps, two blocks and the root", "steps": 2, "accum": 1, "ranks": n},
+             {"name": "2 steps, block 0 used twice in forward", "twice": True, "steps": 2,
+              "accum": 1, "ranks": n},
+             {"name": "1 step of 2 backward passes (accumulation)", "steps": 1, "accum": 2,
+              "ranks": n}]
+    if n >= 3:
+        specs.append({"name": f"a group of ranks 0..{n - 2} (not the whole world)", "steps": 1,
+                      "accum": 1, "ranks": n - 1})
+    for i, spec in enumerate(specs):
+        spec.update(seed=i, twice=spec.get("twice", False))
+    return specs
 
 
 def make_model(spec: dict) -> Net:
@@ -64,8 +72,8 @@ def make_model(spec: dict) -> Net:
         return Net(spec["twice"]).double()
 
 
-def batch(spec: dict, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(10_000 * spec["seed"] + 100 * step + rank)
+def batch(spec: dict, rank: int, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 * spec["seed"] + 100 * step + 10 * micro + rank)
     return (torch.randn(BATCH, FEATURES, generator=g, dtype=torch.float64),
             torch.randint(0, CLASSES, (BATCH,), generator=g))
 
@@ -75,14 +83,16 @@ def reference(spec: dict, grad_scale: float = 1.0) -> tuple[list, dict]:
     (``grad_scale`` N: stepped with the sum of the ranks' gradients)."""
     model = make_model(spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    losses = []
-    for step in range(STEPS):
+    losses = []  # losses[step * accum + micro][rank]
+    for step in range(spec["steps"]):
         optimizer.zero_grad(set_to_none=True)
-        mine = [F.cross_entropy(model(x), y) for x, y in
-                (batch(spec, rank, step) for rank in range(spec["ranks"]))]
-        (sum(mine) / spec["ranks"] * grad_scale).backward()  # the mean over the ranks
+        for micro in range(spec["accum"]):
+            mine = [F.cross_entropy(model(x), y) for x, y in
+                    (batch(spec, rank, step, micro) for rank in range(spec["ranks"]))]
+            scale = grad_scale / spec["ranks"] / spec["accum"]  # the mean over ranks and micro
+            (sum(mine) * scale).backward()
+            losses.append([loss.item() for loss in mine])
         optimizer.step()
-        losses.append([loss.item() for loss in mine])
     return losses, {k: v.detach().tolist() for k, v in model.named_parameters()}
 
 
@@ -90,14 +100,22 @@ def bytes_of(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().nbytes()
 
 
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+
+
 class LearnerShard(FlatShard):
     """A flat shard whose gather, free and reduce-scatter are the learner's functions."""
 
     learner = None  # the learner's module: set before the model is wrapped
+    log = None  # the case's CaseLog: what the learner's calls sent
+    stepped = False  # True after the case's first optimizer step
     name = None  # the wrapped module's name, once the case knows it
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, module: nn.Module, *args, **kwargs):
+        first = torch.cat([p.detach().reshape(-1) for p in parameter_places(module)])
+        super().__init__(module, *args, **kwargs)
+        self.first = first  # every value as every rank starts: what the first gathers give
         self.made = self.full, self.full.untyped_storage()._cdata  # the tensor and its memory
 
     def reshard(self) -> None:
@@ -109,22 +127,50 @@ class LearnerShard(FlatShard):
         return None
 
     def unshard(self, async_op: bool = False) -> None:
+        was_whole, sent = bytes_of(self.full) > 0, self.sent()
         self.learner.unshard(self)
         self.expect_same_tensor("unshard")
+        if was_whole and self.sent() != sent:
+            raise CaseFinding(f"unshard(unit) for {self.name} gathered again while unit.full "
+                              "was whole already (a module used twice, its second use): "
+                              "messages sent for nothing")
         whole = self.full.numel() * self.full.element_size()
         if bytes_of(self.full) != whole:
             raise CaseFinding(f"after unshard(unit) for {self.name}, unit.full has "
                               f"{bytes_of(self.full)} bytes of memory: its "
                               f"{self.full.numel()} values need {whole}")
-        r, s = self.rank, self.shard_numel
-        if not torch.equal(self.full.detach()[r * s:(r + 1) * s],
-                           self.shard.detach().to(self.full.dtype)):
+        self.expect_shards()
+
+    def sent(self) -> tuple[int, int]:
+        """Bytes and calls the learner's code sent so far in this case."""
+        log = self.log
+        return log.bytes_sent, len(log.collectives) + len(log.library) + log.messages
+
+    def expect_shards(self) -> None:
+        """Every rank's place holds its shard: all of them before the first step (the values
+        every rank starts from), this rank's own after it."""
+        r, s, full = self.rank, self.shard_numel, self.full.detach()
+        if not self.stepped:
+            for k in range(self.world_size):
+                want = self.first[k * s:(k + 1) * s].to(full.dtype)
+                if not same(full[k * s:k * s + want.numel()], want):
+                    raise CaseFinding(f"after unshard(unit) for {self.name}, values "
+                                      f"{k * s}..{k * s + want.numel() - 1} of unit.full on "
+                                      f"rank {r} are not rank {k}'s shard")
+        if not same(full[r * s:(r + 1) * s], self.shard.detach().to(full.dtype)):
             raise CaseFinding(f"after unshard(unit) for {self.name}, rank {r}'s own place in "
                               f"unit.full (values {r * s}..{(r + 1) * s - 1}) does not hold "
                               "its shard")
 
     def reduce_grad(self, full: torch.Tensor) -> None:
+        whole_grad = self.full.grad
         self.learner.reduce_grad(self)
+        got = self.shard.grad
+        if got is not None and got.untyped_storage().data_ptr() == \
+                whole_grad.untyped_storage().data_ptr():
+            raise CaseFinding(f"after reduce_grad(unit) for {self.name}, unit.shard.grad "
+                              "shares its memory with the module's whole gradient: all "
+                              f"{whole_grad.numel()} values stay alive as long as it does")
         if self.full.grad is not None:
             raise CaseFinding(f"after reduce_grad(unit) for {self.name}, unit.full.grad still "
                               f"holds this rank's whole gradient ({bytes_of(self.full.grad)} "
@@ -153,8 +199,8 @@ class LearnerShard(FlatShard):
                               f"{bytes_of(self.full)} bytes: {why}")
 
 
-def wrap(model: Net, learner, group) -> None:
-    LearnerShard.learner = learner
+def wrap(model: Net, learner, group, log) -> None:
+    LearnerShard.learner, LearnerShard.log, LearnerShard.stepped = learner, log, False
     for i, block in enumerate(model.blocks):
         shard_module(block, LearnerShard, group, True, None)
         block.shard_state.name = f"blocks.{i}"
@@ -178,16 +224,18 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
     rank = dist.get_rank(group)
     model = make_model(spec)
     losses = []
-    with tracer.watching(spec["name"], range(spec["ranks"])):
-        wrap(model, learner, group)
+    with tracer.watching(spec["name"], range(spec["ranks"])) as log:
+        wrap(model, learner, group, log)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        for step in range(STEPS):
-            x, y = batch(spec, rank, step)
-            loss = F.cross_entropy(model(x), y)
-            backward(loss)
+        for step in range(spec["steps"]):
+            for micro in range(spec["accum"]):
+                x, y = batch(spec, rank, step, micro)
+                loss = F.cross_entropy(model(x), y)
+                backward(loss / spec["accum"])  # the mean over the micro-steps
+                losses.append(loss.item())
             model.finish_gradient_sync()
             optimizer.step()
             optimizer.zero_grad()
-            losses.append(loss.item())
+            LearnerShard.stepped = True
     params = {k: v.tolist() for k, v in model.full_state_dict().items()}
     return {"name": spec["name"], "ranks": spec["ranks"], "losses": losses, "params": params}

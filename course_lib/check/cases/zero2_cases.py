@@ -95,6 +95,7 @@ class HookLog:
 
     def __call__(self, grads: torch.Tensor, piece: nn.Parameter, group) -> None:
         sent, before = self.log.bytes_sent, len(self.log.collectives) + len(self.log.library)
+        earlier = None if piece.grad is None else piece.grad.detach().clone()
         self.learner.reduce_scatter_bucket(grads, piece, group)
         got, rank = piece.grad, dist.get_rank(group)
         if got is None:
@@ -109,7 +110,16 @@ class HookLog:
             "shares_bucket": (got.untyped_storage().data_ptr() ==
                               grads.untyped_storage().data_ptr()),
             "sent": self.log.bytes_sent - sent,
-            "called": (self.log.collectives + self.log.library)[before:]})
+            "called": (self.log.collectives + self.log.library)[before:],
+            "took_chunk": chunk_taken(got.detach() - (0 if earlier is None else earlier),
+                                      grads, dist.get_world_size(group))})
+
+
+def chunk_taken(added: torch.Tensor, grads: torch.Tensor, n: int) -> int | None:
+    """Which chunk of ``grads``, divided by ``n``, the hook added to piece.grad, if any."""
+    s = added.numel()
+    return next((k for k in range(n) if torch.allclose(added, grads[k * s:(k + 1) * s] / n,
+                                                       rtol=1e-12, atol=0)), None)
 
 
 def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:

@@ -138,6 +138,7 @@ class Tracer:
         self.where_path = os.path.join(run_dir, f"where{rank}.json")
         self.log: CaseLog | None = None  # the case being watched, or None
         self.case, self.members, self.last = "", None, {}
+        self.inside = None  # the library function running now, if any
         self._main = threading.main_thread().ident
         self._signatures = {}
 
@@ -190,7 +191,11 @@ class Tracer:
                 return original(*args, **kwargs)
             getattr(self.log, kind).append(original.__name__)
             if kind != "collectives":
-                return original(*args, **kwargs)
+                self.inside = original.__name__  # a library function: its peers are not named
+                try:  # in the learner's own line
+                    return original(*args, **kwargs)
+                finally:
+                    self.inside = None
             self.status(op=original.__name__, line=self.learner_line())  # it may wait: say so
             result = original(*args, **kwargs)  # a timeout leaves the status as it is
             self.status(op=None)
@@ -214,6 +219,11 @@ class Tracer:
         if peer is None or self.members is None or peer in self.members:
             return
         way = "to" if "send" in name else "from"
+        if self.inside:
+            raise PeerOutsideGroup(
+                f"{self.inside} sent on the whole world, ranks 0..{dist.get_world_size() - 1}, "
+                f"but this case gave your function a group of ranks {list(self.members)}: "
+                f"pass that group to {self.inside} too")
         raise PeerOutsideGroup(
             f"rank {self.rank} called {name} {way} rank {peer}, which is not in the group "
             f"passed to the function (ranks {list(self.members)}): take the rank and the size "

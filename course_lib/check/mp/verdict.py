@@ -221,7 +221,7 @@ def collective_message(run: Run, learner: LearnerFile) -> str | None:
         at = f" (line {stuck[0].status['line']})" if stuck[0].status.get("line") else ""
         return (f"{learner.path} never finished {where(run, case)}: every rank waits in "
                 f"{op}{at}, the same call on each, and it never completed: their arguments "
-                "disagree (the src, the group or the size)")
+                "disagree (the src or dst, the group or the size)")
     return None
 
 
