@@ -7,9 +7,9 @@ that ``scripts/make_student_notebooks.py`` writes
     cleared outputs of the exercise cells and the note on top; a notebook whose exercises are
     questions without code to write (``QUESTIONS_ONLY``: no solution block, no checker) is
     copied as it is, without the note (there is no line to replace);
-(b) run in a fresh kernel as a learner may run it, the notebook's first code cell (its setup)
-    and then the exercise cells (the code cells after the "## Exercises" heading), prints each
-    exercise's "not done yet" line, no "correct" line and no error;
+(b) run in a kernel as fresh as a learner's (below), the notebook's first code cell (its
+    setup) and then the exercise cells (the code cells after the "## Exercises" heading),
+    prints each exercise's "not done yet" line, no "correct" line and no error;
 (c) then, in the same kernel, as a learner goes on, the exercise cells again with every
     marked line replaced by the reference answer print every exercise's "correct" line, and,
     as the kernel works in a student copy's folder, say the answer is the course's line for
@@ -18,6 +18,19 @@ that ``scripts/make_student_notebooks.py`` writes
 The other cells are not run here: nbval runs them in the notebooks, which the copies share.
 So an exercise cell may use only what the setup cell makes (or say where a name comes from
 with ``check.needs``): any error in (b) or (c) fails the test.
+
+The notebooks a test process runs share one kernel (a new one and its imports cost 4 s of
+CPU), begun for each as a kernel of its own would begin, as far as the cells can tell
+(``ReusedKernel``): no names; the test's own folder as the working directory, so the manifest,
+``workspace/``, its pass records and unlocks are this notebook's; the environment the kernel
+started with (``COURSE_CHECK_WORLD_SIZES``, set for (c), is gone again for the next (b), which
+checks it); no module loaded from another notebook's ``workspace/``; no hint asked for yet
+(``hints.ASKED``). What stays is what a kernel does once and alike for every notebook: the
+hints read from hints.md, nb03's case made from constants, the shell's short ``NameError``
+report (how an error looks; any error fails), the agent server (each agent it forks gets its
+launch's own environment and folder). The setup cell seeds every generator and sets threads,
+printing and plot style again. A run that fails, a warning on stderr included, hands its
+kernel to no one: the next notebook gets a new one.
 """
 
 import subprocess
@@ -26,7 +39,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_kernel import errors, fresh_kernel, stdout
+from notebook_kernel import ReusedKernel, errors, stdout
 
 from course_lib.check import student_copy as student_copies
 from course_lib.check.checker import not_done_line, passed_line
@@ -36,7 +49,10 @@ from course_lib.runtime.workspace import STUDENT_MANIFEST
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 QUESTIONS_ONLY = {"06b_cost_model_and_fast_ring"}  # exercises to answer, no code to write
-
+FORGET_HINTS = """\
+import sys
+if "course_lib.check.hints" in sys.modules:  # imported by an earlier notebook
+    sys.modules["course_lib.check.hints"].ASKED.clear()"""
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +64,16 @@ def copies(tmp_path_factory) -> Path:
                           text=True, timeout=300)
     assert made.returncode == 0, made.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    """The kernel the notebooks share, begun afresh for each (see the module's docstring)."""
+    shared = ReusedKernel(tmp_path_factory.mktemp("kernel"), forget=FORGET_HINTS)
+    try:
+        yield shared
+    finally:
+        shared.close()
 
 
 def student_copy(source: Path, out: Path):
@@ -139,7 +165,7 @@ def assert_exercises_say(cells: dict, made, mode: str) -> None:
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_open_exercises_say_not_done_yet_then_correct_once_answered(source, tmp_path):
+def test_open_exercises_say_not_done_yet_then_correct_once_answered(source, tmp_path, kernels):
     """(b), then (c) in the same kernel. Answered, a multi-process checker launches the
     learner's file on 2 processes only: the answers are the notebook's own
     (test_copy_changes_only_...), which nbval checks on 2, 3 and 4."""
@@ -148,7 +174,9 @@ def test_open_exercises_say_not_done_yet_then_correct_once_answered(source, tmp_
     opened, answered = without_note(student, made), fill_in(student, made, markers=False)
     setup = next(i for i, c in enumerate(opened.cells) if c.cell_type == "code")
     (tmp_path / STUDENT_MANIFEST).write_text("{}")  # the kernel works in a student copy's folder
-    with fresh_kernel(tmp_path) as kernel:
+    with kernels.run_in(tmp_path) as kernel:
+        left = stdout(kernel.run(f"print(__import__('os').environ.get({WORLD_SIZES_ENV!r}))"))
+        assert left == f"{kernels.environ.get(WORLD_SIZES_ENV)}\n", "set by the notebook before"
         ran = kernel.run(opened.cells[setup].source)
         assert not errors(ran), f"the setup cell failed: {errors(ran)}"
         assert not [o for o in ran.outputs if o.get("name") == "stderr"], "the setup cell"
