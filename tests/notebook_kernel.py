@@ -13,6 +13,7 @@ import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
+from kernel_fork import kernel_spec
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -20,11 +21,12 @@ CELL_TIMEOUT_S = 600
 
 
 class CurrentEnvironmentKernels(KernelSpecManager):
-    """Every kernel name means ipykernel on this interpreter (as nbval --nbval-current-env)."""
+    """Every kernel name means ipykernel on this interpreter (as nbval --nbval-current-env),
+    forked from a process that imported torch once where it can be (tests/kernel_fork.py)."""
 
     def get_kernel_spec(self, kernel_name):
-        return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
-                                      **ipykernel.kernelspec.get_kernel_dict())
+        spec = kernel_spec() or ipykernel.kernelspec.get_kernel_dict()
+        return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES, **spec)
 
 
 class Kernel:
