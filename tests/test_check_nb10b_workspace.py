@@ -156,7 +156,13 @@ UNIT_MISTAKES = {  # name: (the edits, what the hint says)
                                   "        ring_all_gather(full, unit.process_group)\n")],
                                 "backward could not use the parameters it saved in forward"),
     "never gathered": ([(WHOLE, "    if full.numel() > 0:")],
-                       "after unshard(unit) for the root, unit.full has 0 bytes of memory"),
+                       "after unshard(unit) for the root before its forward, unit.full has 0 "
+                       "bytes of memory"),
+    "no second gather before backward": (
+        [(WHOLE + "\n        return  # whole already\n",
+          "    if full.untyped_storage().nbytes() > 0 or getattr(unit, 'gathered', False):\n"
+          "        return  # gathered once already\n    unit.gathered = True\n")],
+        "after unshard(unit) for the root before its backward, unit.full has 0 bytes"),
     "its shard put in after the gather": ([(PLACE + GATHER, GATHER + PLACE)],
                                           "after unshard(unit) for the root, values "),
     "gathered again when whole": ([(WHOLE + "\n        return  # whole already\n", "")],
@@ -183,7 +189,8 @@ UNIT_MISTAKES = {  # name: (the edits, what the hint says)
                                      "what an earlier one left in unit.shard.grad must stay"),
 }
 UNIT_MARKS = ("after its forward", "after reduce_grad(unit) for blocks.1, unit.full still",
-              "unit.full.grad still", "backward could not", "0 bytes of memory",
+              "unit.full.grad still", "backward could not", "before its forward, unit.full has 0",
+              "before its backward, unit.full has 0",
               "for the root, values ", "gathered again", "other memory", "waits in broadcast",
               "the SUM", "unit.shard.grad shares", "an earlier one left")
 

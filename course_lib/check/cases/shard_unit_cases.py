@@ -136,10 +136,20 @@ class LearnerShard(FlatShard):
                               "messages sent for nothing")
         whole = self.full.numel() * self.full.element_size()
         if bytes_of(self.full) != whole:
-            raise CaseFinding(f"after unshard(unit) for {self.name}, unit.full has "
-                              f"{bytes_of(self.full)} bytes of memory: its "
+            raise CaseFinding(f"after unshard(unit) for {self.name} {self.moment}, unit.full "
+                              f"has {bytes_of(self.full)} bytes of memory: its "
                               f"{self.full.numel()} values need {whole}")
         self.expect_shards()
+
+    moment = "before its forward"  # when FlatShard calls unshard: forward, or backward
+
+    def before_forward(self) -> None:
+        self.moment = "before its forward"
+        super().before_forward()
+
+    def before_backward(self) -> None:
+        self.moment = "before its backward"
+        super().before_backward()
 
     def sent(self) -> tuple[int, int]:
         """Bytes and calls the learner's code sent so far in this case."""
