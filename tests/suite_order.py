@@ -2,20 +2,19 @@
 
 scripts/test.sh runs the unit tests and the notebooks (nbval) in one session on four test
 processes, each file or notebook on one process, handed out in collection order. The files
-named here take 30 s or more each (2-core CPU, 2026-12-02, in a full run): they come first,
+named here take 30 s or more each (2-core CPU, 2026-12-01, in a full run): they come first,
 longest first, so that none of them starts last while the other processes sit idle. Only the
 suite's speed depends on this list; a file it does not name keeps its place after them.
 """
 
 LONGEST_FIRST = (
-    "tests/browser/",  # about 120 s: notebooks 03 and 07 in JupyterLab
-    "tests/test_launch.py", "tests/test_scripts.py", "tests/test_check_nb10b_workspace.py",
-    "tests/test_student_notebooks.py", "notebooks/06b_", "notebooks/08_", "notebooks/07_",
-    "tests/test_check_nb06_workspace.py", "tests/test_check_nb07_workspace.py",
-    "tests/test_check_nb05_workspace.py", "tests/test_notebook_claims_08_10.py",
+    "tests/test_student_notebooks.py",  # 269 s: every student copy, open then answered
+    "tests/browser/", "tests/test_launch.py", "tests/test_scripts.py", "notebooks/06b_",
+    "notebooks/08_", "notebooks/07_", "tests/test_check_nb06_workspace.py",
+    "tests/test_check_nb07_workspace.py", "tests/test_check_nb05_workspace.py",
     "tests/test_check_nb10_workspace.py", "tests/test_check_nb09_workspace.py", "notebooks/09_",
-    "notebooks/03_", "notebooks/10b_", "tests/test_exercise_cells_00_04.py",
-    "tests/test_notebook_claims_05_07.py", "notebooks/10_", "notebooks/05_",
+    "notebooks/03_", "tests/test_exercise_cells_00_04.py", "tests/test_notebook_claims_05_07.py",
+    "notebooks/10_", "notebooks/05_", "tests/test_notebook_claims_08_10.py",
     "tests/test_check_workspace.py",
     "notebooks/",  # the other notebooks, 5 to about 30 s each
 )
