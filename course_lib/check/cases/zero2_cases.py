@@ -13,20 +13,19 @@ tracer's bytes, collectives and library calls).
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.check.cases import hook_cases
 from course_lib.check.mp.learner import CaseFinding
 from course_lib.check.mp.tracer import Tracer
 from course_lib.core.buckets import MB
 from course_lib.core.zero2 import Zero2
 
-FEATURES, WIDTH, CLASSES, BATCH = 5, 7, 3, 4
-SMALL_CAP = 200  # bytes: 3 buckets of float64 parameters in the model below
+FEATURES, CLASSES, BATCH = hook_cases.FEATURES, hook_cases.CLASSES, 4
+SMALL_CAP = 2200  # bytes: 4 buckets of the model's float64 parameters
 OPTIMIZERS = {"SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
               "AdamW": (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.01})}
 
@@ -34,7 +33,7 @@ OPTIMIZERS = {"SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9
 def case_specs(world_size: int, options: dict) -> list[dict]:
     n = world_size
     specs = [
-        {"name": "2 steps, 3 buckets, SGD with momentum", "steps": 2, "accum": 1,
+        {"name": "2 steps, 4 buckets, SGD with momentum", "steps": 2, "accum": 1,
          "cap": SMALL_CAP, "optimizer": "SGD with momentum", "ranks": n},
         {"name": "1 step of 2 micro-steps (accumulation), one bucket, AdamW", "steps": 1,
          "accum": 2, "cap": 25 * MB, "optimizer": "AdamW", "ranks": n},
@@ -48,11 +47,8 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
 
 
 def make_model(seed: int) -> nn.Sequential:
-    """The same float64 weights on every rank (drawn from ``seed``)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(FEATURES, WIDTH), nn.Tanh(), nn.Linear(WIDTH, WIDTH),
-                             nn.Tanh(), nn.Linear(WIDTH, CLASSES)).double()
+    """8.3's MLP, the same float64 weights on every rank (drawn from ``seed``)."""
+    return hook_cases.make_model(seed).double()
 
 
 def batch(spec: dict, rank: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +120,7 @@ def chunk_taken(added: torch.Tensor, grads: torch.Tensor, n: int) -> int | None:
 
 def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     rank = dist.get_rank(group)
-    model = copy.deepcopy(make_model(spec["seed"]))
+    model = make_model(spec["seed"])
     optimizer_class, optimizer_options = OPTIMIZERS[spec["optimizer"]]
     passed = None if spec["ranks"] == dist.get_world_size() else group
     after = []
