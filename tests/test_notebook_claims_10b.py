@@ -75,3 +75,7 @@ def test_the_demo_on_two_processes_keeps_every_claim():
     assert max(whole) == 1680 + 4224 and whole[-1] == 0
     c = run.result["compression"]
     assert 2 * c["bf16_bytes"] == c["fp32_bytes"] and 0 < c["relative_error"] < 2 ** -7
+    fetched = run.result["prefetching"]  # the same numbers; one block (4,224 bytes) more whole
+    assert fetched["prefetch"]["losses"] == fetched["plain"]["losses"]
+    assert fetched["plain"]["peak_whole_bytes"] == 1680 + 4224
+    assert fetched["prefetch"]["peak_whole_bytes"] == 1680 + 2 * 4224

@@ -7,12 +7,14 @@ For each group size n (1, 2, 4, ... up to the world size), ranks 0..n-1 train ``
 the same weights on the same batches: with torch DDP (plain data parallelism), with ``Zero2``,
 with the course's ``fully_shard`` (ZeRO-3) and with torch's. Each rank reports its losses, what
 it holds after one step (parameters, gradients, optimizer state), the bytes it sent, and, on the
-largest group, the order of the gathers, frees and reduce-scatters of one ZeRO-3 step and the
-error of a bf16 all-reduce of the gradients. Rank 0 saves it all. Gloo (CPU) or NCCL.
+largest group, the order of the gathers, frees and reduce-scatters of one ZeRO-3 step, the
+error of a bf16 all-reduce of the gradients, and ZeRO-3 with and without prefetching. Rank 0
+saves it all. Gloo (CPU) or NCCL.
 """
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 import torch
@@ -29,6 +31,7 @@ from course_lib.core.flat_shard import FlatShard
 from course_lib.core.fully_shard import bytes_sent, fully_shard, shard_module
 from course_lib.core.messages import ByteCounter
 from course_lib.core.overlap import OverlapDataParallel
+from course_lib.core.prefetch import fully_shard as prefetch_fully_shard
 from course_lib.core.zero2 import Zero2
 from course_lib.lessons.memory import group_sizes, optimizer_state_bytes
 from course_lib.runtime.counting import CountedAllReduce
@@ -197,6 +200,46 @@ def timeline(group: dist.ProcessGroup, rank: int) -> list:
     return list(RecordingShard.events)
 
 
+def watch_gathered(module: nn.Module) -> list[int]:
+    """[the most bytes whole at once when a block starts to compute], kept up to date."""
+    peak = [0]
+
+    def note(*_) -> None:
+        peak[0] = max(peak[0], gathered_bytes(module))
+
+    for block in module.blocks:
+        block.register_forward_pre_hook(note)  # after the block's own pre-hook: its gather
+    return peak
+
+
+def prefetching(group: dist.ProcessGroup, rank: int, steps: int = 6) -> dict:
+    """ZeRO-3 with and without prefetching (prefetch.py): each step's loss, its time (the
+    slowest rank's; the first step, which records the order, left out), and the most bytes
+    whole at once when a block starts its forward."""
+    runs = {}
+    for kind, wrap in (("plain", fully_shard), ("prefetch", prefetch_fully_shard)):
+        module = new_model()
+        for block in module.blocks:
+            wrap(block, process_group=group)
+        wrap(module, process_group=group)  # the root last
+        peak, opt = watch_gathered(module), torch.optim.AdamW(module.parameters(), lr=LR)
+        losses, times = [], []
+        for step in range(steps):
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            x, y = batch(step, rank)
+            loss = F.mse_loss(module(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            elapsed = torch.tensor(time.perf_counter() - start)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank
+            losses.append(loss.item())
+            times.append(elapsed.item())
+        runs[kind] = {"losses": losses, "step_s": times[1:], "peak_whole_bytes": peak[0]}
+    return runs
+
+
 def compression(group: dist.ProcessGroup, rank: int) -> dict:
     """One backward, gradients all-reduced in fp32 and in bf16 (kept in fp32): error, bytes."""
     grads, sent = {}, {}
@@ -235,6 +278,7 @@ def main() -> None:
                 print0(w, f"{n} process(es): trained with DDP, ZeRO-2, ZeRO-3, torch FSDP")
         report["timeline"] = timeline(w.group, w.rank)
         report["compression"] = compression(w.group, w.rank)
+        report["prefetching"] = prefetching(w.group, w.rank)
         save_result(report)
 
 
