@@ -168,3 +168,14 @@ def overlap_verdict(rows: dict) -> dict:
             "backward_s": backward, "link_s": link, "best_overlap_s": best,
             "over_best": fastest["overlap"] / best,
             "bucketed_over_sum": bucketed[1] / (compute + link)}
+
+
+def overlap_ahead(rows: dict) -> bool:
+    """Whether a run shows what notebook 08 checks on the link: overlap ahead of buckets after
+    backward in its fastest step and its median, within 1.5 x the best it can do, buckets after
+    backward at least 0.8 x compute plus the link. A run that other work on a shared machine
+    starved (compute alone slowed several-fold) can miss it; the notebook measures once more."""
+    v = overlap_verdict(rows)
+    return (v["fastest"]["overlap"] < v["fastest"]["bucketed"]
+            and v["overlap"][1] < v["bucketed"][1] and v["over_best"] <= 1.5
+            and v["bucketed_over_sum"] >= 0.8)
