@@ -12,6 +12,7 @@ from course_lib.check.cases import zero_cases
 from course_lib.check.checker import ExerciseError, exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
+from course_lib.check.mp.tracer import ALL_REDUCES
 from course_lib.check.mp.verdict import Advice
 from course_lib.check.own_work import expect_own_code
 from course_lib.check.shard_trace import traced_shards
@@ -170,8 +171,7 @@ def judge_owners(summary: dict, by_rank: dict, n: int, numel: int) -> None:
 
 
 def judge_zero_calls(summary: dict) -> None:
-    reduced = {"all_reduce", "ring_all_reduce", "naive_all_reduce",
-               "recursive_doubling_all_reduce"} & {*summary["collectives"], *summary["library"]}
+    reduced = ALL_REDUCES & {*summary["collectives"], *summary["library"]}
     expect(not reduced,
            "zero1_step all-reduces: every rank gets the sum of every value, when ZeRO-1 needs "
            "only its own chunk's sum (a reduce-scatter) and then the other chunks' new values "

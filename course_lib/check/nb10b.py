@@ -11,6 +11,7 @@ from course_lib.check.cases import shard_unit_cases, zero2_cases
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
 from course_lib.check.mp.learner import find_learner_file
+from course_lib.check.mp.tracer import ALL_REDUCES
 from course_lib.check.mp.verdict import Advice
 from course_lib.runtime.workspace import record_pass
 
@@ -77,8 +78,6 @@ MY_ZERO2_FILE = "workspace/my_zero2.py"
 ZERO2_CASES = "course_lib.check.cases.zero2_cases"
 ZERO2_ADVICE = Advice.unpaired("every rank must reduce-scatter each bucket once, in the group "
                                "it is given", calls="collectives")
-ALL_REDUCES = {"all_reduce", "ring_all_reduce", "naive_all_reduce",
-               "recursive_doubling_all_reduce"}
 
 
 def judge_hook_call(call: dict, rank: int, n: int) -> None:
@@ -172,8 +171,7 @@ SHARD_UNIT_ADVICE = Advice.unpaired("every rank must gather and reduce-scatter e
 
 def same_values(got: dict, want: dict) -> list[str]:
     """The names of the parameters whose values differ."""
-    return [k for k in want if not torch.allclose(torch.tensor(got[k]), torch.tensor(want[k]),
-                                                  rtol=1e-9, atol=1e-12)]
+    return [k for k in want if not close(got[k], want[k])]
 
 
 def judge_loss(got: float, want: float, rank: int, forward: int) -> None:
@@ -195,8 +193,8 @@ def judge_shard_unit_case(summary: dict, by_rank: dict, run) -> None:
         judge_loss(by_rank[rank]["losses"][0], losses[0][rank], rank, 0)
     for rank in range(n):
         wrong = same_values(by_rank[rank]["params"], params)
-        summed = shard_unit_cases.reference(spec, grad_scale=n)[1]
-        expect(not wrong or same_values(by_rank[rank]["params"], summed),
+        expect(not wrong or same_values(by_rank[rank]["params"],  # stepped with the sum?
+                                        shard_unit_cases.reference(spec, grad_scale=n)[1]),
                "the steps used the SUM of the ranks' gradients: the reduce-scatter adds them "
                "up, and plain data parallelism steps with their mean")
         expect(not wrong or spec["accum"] == 1,

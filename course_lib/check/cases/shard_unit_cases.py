@@ -111,6 +111,7 @@ class LearnerShard(FlatShard):
     log = None  # the case's CaseLog: what the learner's calls sent
     stepped = False  # True after the case's first optimizer step
     name = None  # the wrapped module's name, once the case knows it
+    moment = "before its forward"  # when FlatShard calls unshard: forward, or backward
 
     def __init__(self, module: nn.Module, *args, **kwargs):
         first = torch.cat([p.detach().reshape(-1) for p in parameter_places(module)])
@@ -122,8 +123,8 @@ class LearnerShard(FlatShard):
         if self.name is None:  # FlatShard.__init__: the unit starts without memory
             return super().reshard()
         self.learner.reshard(self)
-        self.expect_freed("after its forward, reshard(unit)", "the parameters are whole only "
-                          "while the module computes")
+        self.expect_freed("reshard", "after its forward, reshard(unit)", "the parameters are "
+                          "whole only while the module computes")
         return None
 
     def unshard(self, async_op: bool = False) -> None:
@@ -140,8 +141,6 @@ class LearnerShard(FlatShard):
                               f"has {bytes_of(self.full)} bytes of memory: its "
                               f"{self.full.numel()} values need {whole}")
         self.expect_shards()
-
-    moment = "before its forward"  # when FlatShard calls unshard: forward, or backward
 
     def before_forward(self) -> None:
         self.moment = "before its forward"
@@ -185,8 +184,8 @@ class LearnerShard(FlatShard):
             raise CaseFinding(f"after reduce_grad(unit) for {self.name}, unit.full.grad still "
                               f"holds this rank's whole gradient ({bytes_of(self.full.grad)} "
                               "bytes): once reduced, nothing needs it")
-        self.expect_freed("after reduce_grad(unit)", "backward is done with the parameters "
-                          "until the next forward")
+        self.expect_freed("reduce_grad", "after reduce_grad(unit)", "backward is done with the "
+                          "parameters until the next forward")
         if self.shard.grad is None:
             raise CaseFinding(f"after reduce_grad(unit) for {self.name}, unit.shard.grad is "
                               "None: the mean of this rank's chunk goes there, for the "
@@ -202,8 +201,8 @@ class LearnerShard(FlatShard):
                               "views autograd saved for backward keep the old memory, and all "
                               "its values, alive")
 
-    def expect_freed(self, when: str, why: str) -> None:
-        self.expect_same_tensor("reshard" if "reshard" in when else "reduce_grad")
+    def expect_freed(self, call: str, when: str, why: str) -> None:
+        self.expect_same_tensor(call)
         if bytes_of(self.full) > 0:
             raise CaseFinding(f"{when} for {self.name}, unit.full still holds "
                               f"{bytes_of(self.full)} bytes: {why}")

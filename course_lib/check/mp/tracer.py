@@ -47,6 +47,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_in
 LIBRARY_MODULE = "course_lib.core.collectives"
 LIBRARY = ("naive_all_reduce", "ring_all_reduce", "recursive_doubling_all_reduce",
            "ring_reduce_scatter", "ring_all_gather")
+ALL_REDUCES = frozenset(("all_reduce", *(n for n in LIBRARY if n.endswith("all_reduce"))))
 DRAIN_S = 3.0  # after a case, handles the learner never waited on get this long to finish
 WHERE_EVERY_S = 0.5
 
