@@ -26,6 +26,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from course_lib.lessons.timeline import overlap_summary
+
 
 def sleep_until(deadline_s: float, clock=time.perf_counter) -> None:
     """Sleep (no CPU) until ``clock()`` reaches ``deadline_s``."""
@@ -173,9 +175,15 @@ def overlap_verdict(rows: dict) -> dict:
 def overlap_ahead(rows: dict) -> bool:
     """Whether a run shows what notebook 08 checks on the link: overlap ahead of buckets after
     backward in its fastest step and its median, within 1.5 x the best it can do, buckets after
-    backward at least 0.8 x compute plus the link. A run that other work on a shared machine
-    starved (compute alone slowed several-fold) can miss it; the notebook measures once more."""
+    backward at least 0.8 x compute plus the link, the communication left after backward, and
+    the fastest steps of one all-reduce per parameter and of torch DDP. A run that other work
+    on a shared machine starved (compute alone slowed several-fold) can miss it; the notebook
+    measures once more."""
     v = overlap_verdict(rows)
-    return (v["fastest"]["overlap"] < v["fastest"]["bucketed"]
-            and v["overlap"][1] < v["bucketed"][1] and v["over_best"] <= 1.5
-            and v["bucketed_over_sum"] >= 0.8)
+    fastest = v["fastest"]
+    after = {label: overlap_summary(rows[label]["timeline"])["exposed_s"]
+             for label in ("bucketed", "overlap")}  # communication left after backward
+    return (fastest["overlap"] < fastest["bucketed"] and v["overlap"][1] < v["bucketed"][1]
+            and v["over_best"] <= 1.5 and v["bucketed_over_sum"] >= 0.8
+            and after["bucketed"] >= 0.99 * v["link_s"] and after["overlap"] < after["bucketed"]
+            and fastest["allreduce"] > fastest["bucketed"] > fastest["ddp"])
