@@ -6,7 +6,6 @@ import math
 
 import torch
 
-from course_lib.check.answers import call, expect_type
 from course_lib.check.cases import shard_unit_cases, zero2_cases
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_file
@@ -15,61 +14,100 @@ from course_lib.check.mp.tracer import ALL_REDUCES
 from course_lib.check.mp.verdict import Advice
 from course_lib.runtime.workspace import record_pass
 
-SIZES = ((2, 7), (4, 33), (8, 300))  # (ranks, values per gradient)
+# ---- a DDP communication hook in bf16: the learner's file, on 2, 3 and 4 processes ------
+
+MY_BF16_HOOK_FILE = "workspace/my_bf16_hook.py"
+BF16_HOOK_CASES = "course_lib.check.cases.bf16_hook_cases"
+BF16_HOOK_ADVICE = Advice.unpaired("every rank must all-reduce each bucket once, in the process "
+                                   "group DDP hands the hook", calls="collectives")
+UNIT_ROUNDOFF = 2.0 ** -8  # bf16 keeps 8 significant bits: each rounding is within 2^-8
 
 
-def messages_mean(grads: list[torch.Tensor]) -> torch.Tensor:
-    """What every rank holds: the bf16 messages, added in fp32, divided by the ranks."""
-    return torch.stack([g.to(torch.bfloat16).float() for g in grads]).sum(0) / len(grads)
+def bf16_close(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor, n: int) -> bool:
+    """Within what bf16 allows: each message rounded once and each of the n-1 additions once,
+    at most (n + 1) roundings of 2^-8 of the size ``size`` of the values summed (x 1.5)."""
+    tol = 1.5 * (n + 1) * UNIT_ROUNDOFF * size + 1e-30
+    return bool(((got - want).abs() <= tol).all())
 
 
-def bf16_sum_mean(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The messages added up in bf16: rounded again at every addition."""
-    total = grads[0].to(torch.bfloat16)
-    for g in grads[1:]:
-        total = total + g.to(torch.bfloat16)
-    return total.float() / len(grads)
+def judge_handed(hook_call: dict, rank: int, index: int) -> None:
+    """What one call of the hook handed to a collective: a bf16 copy of the bucket, once."""
+    numel, handed = hook_call["numel"], hook_call["handed"]
+    expect(handed, f"rank {rank}'s hook handed nothing to an all-reduce for bucket {index}: "
+                   "each rank's gradient stays its own")
+    kinds = sorted({dtype for _, dtype, _ in handed})
+    expect("float16" not in kinds,
+           "your hook sends float16: 2 bytes too, but only 5 bits of exponent, so a gradient "
+           "above 65504 becomes inf and one below 6e-8 becomes 0; bfloat16 keeps float32's "
+           "8-bit exponent, its range")
+    nbytes = sum(k * torch.empty(0, dtype=getattr(torch, d)).element_size()
+                 for _, d, k in handed)
+    expect(kinds == ["bfloat16"],
+           f"your hook all-reduces {'/'.join(kinds)}: {nbytes} bytes for a bucket of {numel} "
+           "float32 values, what DDP sends without a hook; the message of this lesson is "
+           f"bfloat16, 2 bytes a value, {2 * numel} bytes")
+    sent = sum(k for *_, k in handed)
+    expect(sent <= numel, f"rank {rank}'s hook handed {sent} values to its collectives for a "
+                          f"bucket of {numel}: one all-reduce of the bucket's bf16 copy is "
+                          f"{2 * numel} bytes")
 
 
-def gradients(world_size: int, numel: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(world_size * 1000 + numel)
-    scale = torch.logspace(-6, 2, numel)  # small and large values: bf16 keeps their range
-    return [torch.randn(numel, generator=g) * scale for _ in range(world_size)]
+def judge_pass(by_rank: dict, n: int, world: int, p: int) -> None:
+    """The .grad of backward pass ``p`` on every rank: the mean of the ranks' own gradients."""
+    local = torch.tensor([by_rank[r]["passes"][p]["local"] for r in range(n)])  # (n, numel)
+    mean, size = local.mean(0), local.abs().sum(0) / n
+    for rank in range(n):
+        got = torch.tensor(by_rank[rank]["passes"][p]["grad"])
+        if bf16_close(got, mean, size, n):
+            continue
+        expect(not bf16_close(got, n * mean, n * size, n),
+               "the gradients are the SUM over the ranks: DDP copies what the future holds "
+               "into .grad as it is, so the hook divides by the group's size itself")
+        expect(n == world or not bf16_close(got, mean * n / world, size, n),
+               f"the gradients were divided by {world}, the size of the whole world, but DDP "
+               f"runs on a group of {n} ranks here: take the size from the process group the "
+               "hook is given")
+        expect(not (bf16_close(got, local[rank] / n, size, n)
+                    or bf16_close(got, local[rank], size, n)),
+               f"rank {rank}'s .grad holds its own gradient, not the mean over the ranks: the "
+               "all-reduce's result never reached the bucket, or reached it before the "
+               "all-reduce had finished (bring it back in a then() of the all-reduce's future)")
+        worst = float((got - mean).abs().max())
+        expect(False, f"after backward pass {p + 1}, rank {rank}'s .grad differs from the mean "
+                      f"of the ranks' gradients by up to {worst:.2e}, more than bf16's "
+                      "rounding allows")
 
 
-def same(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return torch.allclose(got, want, rtol=1e-6, atol=0)
+def judge_bf16_case(summary: dict, by_rank: dict, run) -> None:
+    n = summary["ranks"]
+    for rank in range(n):
+        for index, hook_call in enumerate(by_rank[rank]["hooks"]):
+            judge_handed(hook_call, rank, index)
+    for p in range(len(by_rank[0]["passes"])):
+        judge_pass(by_rank, n, run.world_size, p)
+
+
+def explain_bf16_error(error: dict, text: str) -> str | None:
+    if "'NoneType' object has no attribute" in error["message"]:
+        return ("DDP hands the hook process_group=None when it runs on the whole world: "
+                "use dist.group.WORLD then (collectives take group=None as the world too)")
+    return None
 
 
 @exercise("10.5")
-def compressed_mean(mean_of_messages) -> None:
-    """``mean_of_messages(grads)``: every rank's fp32 gradient -> the fp32 mean of their bf16
-    messages, as a bf16 all-reduce leaves it in ``.grad``."""
-    for world_size, numel in SIZES:
-        grads = gradients(world_size, numel)
-        kept = [g.clone() for g in grads]
-        got = call(mean_of_messages, [g.clone() for g in grads])
-        expect_type(got, torch.Tensor, "return one tensor: the mean gradient")
-        expect(got.shape == grads[0].shape, f"{world_size} gradients of {numel} values: return "
-                                            f"{numel} values, got shape {tuple(got.shape)}")
-        expect(got.dtype == torch.float32,
-               f"your mean is {got.dtype}: the message is bf16, but .grad, gradient "
-               "accumulation and the optimizer stay float32")
-        want = messages_mean(kept)
-        if same(got, want):
-            continue
-        expect(not same(got, want * world_size),
-               f"{world_size} ranks: your values are {world_size} times the mean, the sum of "
-               "the messages; data parallelism steps with the mean")
-        expect(not same(got, torch.stack(kept).mean(0)),
-               "your mean has no bf16 rounding at all: the gradients never went through the "
-               "2-byte type, so the message was not compressed")
-        expect(not same(got, bf16_sum_mean(kept)),
-               f"{world_size} ranks: your mean is rounded once more at every addition: the "
-               "messages were added up in bf16, where each sum keeps 8 significant bits")
-        worst = float(((got - want).abs() / want.abs().clamp_min(1e-30)).max())
-        expect(False, f"{world_size} ranks of {numel} values: off by up to {worst:.1e} "
-                      "relative from the mean of the bf16 messages added in float32")
+def my_bf16_hook(path: str = MY_BF16_HOOK_FILE, world_sizes=WORLD_SIZES) -> None:
+    """``bf16_hook(process_group, bucket)`` in the learner's file, as torch DDP's
+    communication hook."""
+    learner = find_learner_file(path, ("bf16_hook",))
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for library, name in (("course_lib.core.compress", "the course's bf16_comm_hook"),
+                          ("ddp_comm_hooks", "torch's bf16_compress_hook")):
+        expect(library not in text, f"your file imports {library}: {name} does what this "
+                                    "exercise builds; write it with dist.all_reduce")
+    check_file(learner, BF16_HOOK_CASES, {}, world_sizes, BF16_HOOK_ADVICE, judge_bf16_case,
+               explain=explain_bf16_error, deadline_s=60.0)
+    record_pass("10.5", path)
 
 
 # ---- ZeRO-2's bucket hook: the learner's file, launched on 2, 3 and 4 processes ----------

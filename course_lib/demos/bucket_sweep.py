@@ -12,8 +12,9 @@ own copy of the same MLP (many weight matrices of about 256 kB) from the same we
 same batch with SGD; the configurations take turns, a few steps each, so that a slow spell of
 the machine hits them all alike. Rank 0 hands back, per configuration: the median step time,
 the number of collectives per step, the timeline of the fastest timed step (the one other work
-on the machine disturbed least; from the wrappers' recorder, for DDP from a communication hook), whether the final parameters agree with DDP's, and
-whether every rank holds bitwise the same parameters.
+on the machine disturbed least; from the wrappers' recorder, for DDP from a communication
+hook), whether the final parameters agree with DDP's, and whether every rank holds bitwise the
+same parameters.
 
 With ``--link-alpha-us`` and ``--link-gb-per-s`` every all-reduce runs on an emulated link
 whose transfers use no CPU (``course_lib.lessons.emulated_link``); the parameters are then

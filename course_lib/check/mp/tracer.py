@@ -11,9 +11,11 @@ with wrappers. While a case runs (``with tracer.watching(case, members) as log``
 - write a collective there too ({"op": "broadcast", "line": 17}), and in every status how
   often this rank called each collective in the case ("collectives"): a rank that called
   one less often than its peers leaves them waiting;
-- count the bytes and messages this rank sends, note every collective and library call, and
-  hand out ``isend``/``irecv`` handles that remember whether they were waited on;
-- refuse a peer outside the group the case passed (a clear error, not a hang).
+- count the bytes and messages this rank sends, note every collective and library call (with
+  the dtype and size of the tensor it was handed), and hand out ``isend``/``irecv`` handles
+  that remember whether they were waited on;
+- refuse a peer outside the group the case passed, and a collective on the whole world when
+  the case passed a smaller group (a clear error, not a hang).
 
 Outside ``watching`` (the checker's own calls) the wrappers only pass the call on. A
 background thread writes the learner's current line to ``where{R}.json`` every half second:
@@ -35,6 +37,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from course_lib.runtime.launch_child import write_json_atomic
@@ -68,13 +71,14 @@ class CaseLog:
     calls: set = field(default_factory=set)  # which of send, recv, isend, irecv, batch
     collectives: list = field(default_factory=list)  # names of collectives called
     library: list = field(default_factory=list)  # library functions called
+    handed: list = field(default_factory=list)  # (call, dtype, numel) of each of those calls
     handles: list = field(default_factory=list)  # every TracedWork handed out
 
     def summary(self) -> dict:
         unwaited = [h.describe() for h in self.handles if not h.done]
         return {"bytes_sent": self.bytes_sent, "messages": self.messages,
                 "calls": sorted(self.calls), "collectives": self.collectives,
-                "library": self.library, "unwaited": unwaited}
+                "library": self.library, "handed": self.handed, "unwaited": unwaited}
 
 
 class _Wrapped:
@@ -191,12 +195,14 @@ class Tracer:
             if self.log is None:
                 return original(*args, **kwargs)
             getattr(self.log, kind).append(original.__name__)
+            self._note_tensor(original.__name__, args, kwargs)
             if kind != "collectives":
                 self.inside = original.__name__  # a library function: its peers are not named
                 try:  # in the learner's own line
                     return original(*args, **kwargs)
                 finally:
                     self.inside = None
+            self._check_group(original, args, kwargs)
             self.status(op=original.__name__, line=self.learner_line())  # it may wait: say so
             result = original(*args, **kwargs)  # a timeout leaves the status as it is
             self.status(op=None)
@@ -204,11 +210,37 @@ class Tracer:
 
         return handler
 
-    def _peer(self, name: str, original, args, kwargs):
-        """(tensor, global peer rank or None) of a point-to-point call."""
+    def _note_tensor(self, name: str, args, kwargs) -> None:
+        tensor = args[0] if args else kwargs.get("tensor")
+        if isinstance(tensor, torch.Tensor):
+            self.log.handed.append((name, str(tensor.dtype).removeprefix("torch."),
+                                    tensor.numel()))
+
+    def _bound(self, original, args, kwargs) -> dict:
+        name = original.__name__
         if name not in self._signatures:
             self._signatures[name] = inspect.signature(original)
-        bound = self._signatures[name].bind(*args, **kwargs).arguments
+        return self._signatures[name].bind(*args, **kwargs).arguments
+
+    def _check_group(self, original, args, kwargs) -> None:
+        """A collective on the whole world while the case passed a smaller group would wait
+        for ranks that sit the case out: say so at once."""
+        world = dist.get_world_size()
+        if self.members is None or len(self.members) == world:
+            return
+        try:
+            group = self._bound(original, args, kwargs).get("group")
+        except TypeError:
+            return  # torch reports a wrong call itself
+        if group is None or group == dist.group.WORLD:
+            raise PeerOutsideGroup(
+                f"rank {self.rank} called {original.__name__} on the whole world, ranks "
+                f"0..{world - 1}, but this case gave your function a group of ranks "
+                f"{list(self.members)}: pass that group to {original.__name__} (group=...)")
+
+    def _peer(self, name: str, original, args, kwargs):
+        """(tensor, global peer rank or None) of a point-to-point call."""
+        bound = self._bound(original, args, kwargs)
         local = bound.get("group_dst" if "send" in name else "group_src")
         peer = bound.get("dst" if "send" in name else "src")
         if peer is None and local is not None:
