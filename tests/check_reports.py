@@ -79,3 +79,26 @@ def file_hint(checker, path: str, **kwargs) -> str:
         checker(path, **kwargs)
     assert not has_passed(checker.exercise_id, path)
     return str(caught.value)
+
+
+def assert_names_its_mistake(hint: str, words: str, marks, world_size: int) -> None:
+    """``hint`` says ``words`` and where it was launched, and names no other mistake: of
+    ``marks`` (a phrase per mistake of the exercise) only the one that ``words`` holds."""
+    assert words in hint, hint
+    assert f"launched on {world_size} processes)" in hint, hint
+    named = [mark for mark in marks if mark in hint]
+    assert named == [next(mark for mark in marks if mark in words)], named
+
+
+def assert_correct(checker, path: str, capsys, **kwargs) -> None:
+    """``checker(path, **kwargs)`` prints that the exercise is correct, and nothing else."""
+    checker(path, **kwargs)
+    assert capsys.readouterr().out == f"Exercise {checker.exercise_id}: correct.\n"
+
+
+def wrong_file_hint(checker, path: str, world_size: int, *modules) -> str:
+    """``file_hint`` on ``world_size`` processes, its lines checked as ``checked_lines``
+    checks them (``modules``: files whose code must not show)."""
+    hint = file_hint(checker, path, world_sizes=(world_size,))
+    checked_lines(ExerciseError(hint), *modules)  # short, no checker code
+    return hint

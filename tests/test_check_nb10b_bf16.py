@@ -8,11 +8,10 @@ import re
 
 import pytest
 from answer_edits import edited, reference, skeleton
-from check_reports import checked_lines, file_hint
+from check_reports import assert_correct, assert_names_its_mistake, file_hint, wrong_file_hint
 
 from course_lib.check import nb10b
 from course_lib.check.cases import bf16_hook_cases
-from course_lib.check.checker import ExerciseError
 from course_lib.runtime.launch import launch
 from course_lib.runtime.workspace import has_passed
 
@@ -73,28 +72,22 @@ MARKS = ("the SUM", "all-reduces float32", "sends float16", "size of the whole w
 def test_the_reference_passes_and_is_recorded(workspace, capsys):
     """On 3 processes (a group of 2 among them); nbval runs it on 2, 3 and 4."""
     path = workspace.put(HOOK, "my_bf16_hook.py")
-    nb10b.my_bf16_hook(path, world_sizes=(3,))
-    assert capsys.readouterr().out == "Exercise 10.5: correct.\n"
+    assert_correct(nb10b.my_bf16_hook, path, capsys, world_sizes=(3,))
     assert has_passed("10.5", path)
 
 
 @pytest.mark.parametrize("name", RIGHT)
 def test_other_right_hooks_pass(workspace, capsys, name):
-    nb10b.my_bf16_hook(workspace.put(edited(HOOK, RIGHT[name]), "my_bf16_hook.py"),
-                       world_sizes=(2,))
-    assert capsys.readouterr().out == "Exercise 10.5: correct.\n"
+    path = workspace.put(edited(HOOK, RIGHT[name]), "my_bf16_hook.py")
+    assert_correct(nb10b.my_bf16_hook, path, capsys, world_sizes=(2,))
 
 
 @pytest.mark.parametrize("name", MISTAKES)
 def test_a_wrong_hook_gets_the_hint_that_names_its_mistake(workspace, name):
     edits, words, n = MISTAKES[name]
-    hint = file_hint(nb10b.my_bf16_hook, workspace.put(edited(HOOK, edits), "my_bf16_hook.py"),
-                     world_sizes=(n,))
-    checked_lines(ExerciseError(hint), nb10b, bf16_hook_cases)  # short, no checker code
-    assert words in hint, hint
-    assert f"launched on {n} processes)" in hint, hint
-    named = [mark for mark in MARKS if mark in hint]
-    assert named == [next(mark for mark in MARKS if mark in words)], named
+    path = workspace.put(edited(HOOK, edits), "my_bf16_hook.py")
+    hint = wrong_file_hint(nb10b.my_bf16_hook, path, n, nb10b, bf16_hook_cases)
+    assert_names_its_mistake(hint, words, MARKS, n)
 
 
 @pytest.mark.parametrize("imported, words", [

@@ -9,11 +9,10 @@ import re
 
 import pytest
 from answer_edits import edited, reference, skeleton
-from check_reports import checked_lines, file_hint
+from check_reports import assert_correct, assert_names_its_mistake, wrong_file_hint
 
 from course_lib.check import nb10b
 from course_lib.check.cases import shard_unit_cases, zero2_cases
-from course_lib.check.checker import ExerciseError
 from course_lib.runtime.launch import launch
 from course_lib.runtime.workspace import has_passed
 
@@ -77,28 +76,22 @@ ZERO2_MARKS = ("the SUM", "shares its memory", "only the last one's", "all-reduc
 def test_the_zero2_reference_passes_and_is_recorded(workspace, capsys):
     """On 4 processes (a group of 3 among them); nbval runs it on 2, 3 and 4."""
     path = workspace.put(ZERO2, "my_zero2.py")
-    nb10b.my_zero2(path, world_sizes=(4,))
-    assert capsys.readouterr().out == "Exercise 10.6: correct.\n"
+    assert_correct(nb10b.my_zero2, path, capsys, world_sizes=(4,))
     assert has_passed("10.6", path)
 
 
 @pytest.mark.parametrize("name", ZERO2_RIGHT)
 def test_other_right_zero2_hooks_pass(workspace, capsys, name):
-    nb10b.my_zero2(workspace.put(edited(ZERO2, ZERO2_RIGHT[name]), "my_zero2.py"),
-                   world_sizes=(3,))
-    assert capsys.readouterr().out == "Exercise 10.6: correct.\n"
+    path = workspace.put(edited(ZERO2, ZERO2_RIGHT[name]), "my_zero2.py")
+    assert_correct(nb10b.my_zero2, path, capsys, world_sizes=(3,))
 
 
 @pytest.mark.parametrize("name", ZERO2_MISTAKES)
 def test_a_wrong_zero2_hook_gets_the_hint_that_names_its_mistake(workspace, name):
     edits, words, n = ZERO2_MISTAKES[name]
-    hint = file_hint(nb10b.my_zero2, workspace.put(edited(ZERO2, edits), "my_zero2.py"),
-                     world_sizes=(n,))
-    checked_lines(ExerciseError(hint), nb10b, zero2_cases)  # short, no checker code
-    assert words in hint, hint
-    assert f"launched on {n} processes)" in hint, hint
-    named = [mark for mark in ZERO2_MARKS if mark in hint]
-    assert named == [next(mark for mark in ZERO2_MARKS if mark in words)], named
+    path = workspace.put(edited(ZERO2, edits), "my_zero2.py")
+    hint = wrong_file_hint(nb10b.my_zero2, path, n, nb10b, zero2_cases)
+    assert_names_its_mistake(hint, words, ZERO2_MARKS, n)
 
 
 def test_the_references_of_the_mistakes_differ():
@@ -212,13 +205,9 @@ def test_other_right_units_pass(workspace, capsys, name):
 @pytest.mark.parametrize("name", UNIT_MISTAKES)
 def test_a_wrong_unit_gets_the_hint_that_names_its_mistake(workspace, name):
     edits, words = UNIT_MISTAKES[name]
-    hint = file_hint(nb10b.my_flat_shard, workspace.put(edited(UNIT, edits), "my_flat_shard.py"),
-                     world_sizes=(2,))
-    checked_lines(ExerciseError(hint), nb10b, shard_unit_cases)
-    assert words in hint, hint
-    assert "launched on 2 processes)" in hint, hint
-    named = [mark for mark in UNIT_MARKS if mark in hint]
-    assert named == [next(mark for mark in UNIT_MARKS if mark in words)], named
+    path = workspace.put(edited(UNIT, edits), "my_flat_shard.py")
+    hint = wrong_file_hint(nb10b.my_flat_shard, path, 2, nb10b, shard_unit_cases)
+    assert_names_its_mistake(hint, words, UNIT_MARKS, 2)
 
 
 def test_the_skeletons_are_not_done_yet(workspace, capsys):

@@ -68,9 +68,25 @@ def write_settings(base: Path, disabled: list[str]) -> dict:
             "IPYTHONDIR": str(base / "ipython")}
 
 
+def forked_kernel(base: Path) -> dict:
+    """The "python3" kernel of the lab, forked from this test process's kernel server
+    (tests/kernel_fork.py: torch imported once), when there is one: the environment that
+    puts its spec first where Jupyter looks ($JUPYTER_PATH)."""
+    from kernel_fork import kernel_spec
+
+    spec = kernel_spec()  # starts the server (and sets its socket's variable) if need be
+    if spec is None:
+        return {}
+    folder = base / "path" / "kernels" / "python3"
+    folder.mkdir(parents=True)
+    (folder / "kernel.json").write_text(json.dumps(spec))
+    return {"JUPYTER_PATH": str(base / "path")}
+
+
 def lab_environment(base: Path, repo_root: Path, disabled: list[str]) -> dict:
     """The server's environment; its kernels inherit it, so they see ``course_lib``."""
-    env = dict(os.environ)
+    forked = forked_kernel(base)
+    env = {**os.environ, **forked}
     env.pop("MPLBACKEND", None)  # the kernel must keep matplotlib's inline backend
     # An exercise checker launches the learner's file on 2 processes only, here: the page
     # shows the same line, and nbval runs the same notebooks' checkers on 2, 3 and 4.
