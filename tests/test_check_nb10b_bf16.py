@@ -12,6 +12,7 @@ from check_reports import assert_correct, assert_names_its_mistake, file_hint, w
 
 from course_lib.check import nb10b
 from course_lib.check.cases import bf16_hook_cases
+from course_lib.check.checker import ExerciseError
 from course_lib.runtime.launch import launch
 from course_lib.runtime.workspace import has_passed
 
@@ -63,10 +64,28 @@ MISTAKES = {  # name: (the edits, what the hint says, world size)
                           "handed nothing to an all-reduce", 2),
     "process_group used as it comes": ([(GROUP, "    group = process_group\n")],
                                        "DDP hands the hook process_group=None", 2),
+    "no async_op": ([(REDUCE, "    future = dist.all_reduce(message, group=group)"
+                              ".get_future()\n")],
+                    "returns None unless it is called with async_op=True", 2),
+    "one all-reduce per parameter": (
+        [(REDUCE + "\n" + BACK,
+          "    parts = [g.to(torch.bfloat16).div_(group.size()) for g in bucket.gradients()]\n"
+          "    futures = [dist.all_reduce(p, group=group, async_op=True).get_future()\n"
+          "               for p in parts]\n"
+          "    return torch.futures.collect_all(futures).then(lambda done: torch.cat(\n"
+          "        [f.value()[0].float().reshape(-1) for f in done.value()]))\n")],
+        "one per parameter", 2),
+    "the group's size by a message": (
+        [(GROUP, GROUP + "    count = torch.ones(1)\n"
+                         "    dist.all_reduce(count, group=group)  # how many ranks take part\n"),
+         (MESSAGE, "message = buffer.to(torch.bfloat16)"),
+         (BACK, "    return future.then(lambda done: done.value()[0].float() / count)\n")],
+        "a float32 tensor of 1 value and a bfloat16 tensor", 2),  # mark: "tensor of 1 value"
 }
 MARKS = ("the SUM", "all-reduces float32", "sends float16", "size of the whole world",
          "on the whole world, ranks", "holds a list", "(a Work)", "handed nothing",
-         "process_group=None", "differs from the mean")
+         "process_group=None", "unless it is called with async_op", "one per parameter", "tensor of 1 value",
+         "once more", "get_tensor()", "differs from the mean")
 
 
 def test_the_reference_passes_and_is_recorded(workspace, capsys):
@@ -117,6 +136,34 @@ def test_the_tolerance_tells_the_mean_from_the_mistakes():
     assert not nb10b.bf16_close(total.float() * n, mean, size, n)  # the sum
     assert not nb10b.bf16_close(total.float() * n / 5, mean, size, n)  # by a world of 5
     assert not nb10b.bf16_close(local[0] / n, mean, size, n)  # its own gradient
+
+
+def test_a_mean_divided_twice_is_named():
+    """Judged from the values alone (no launch): the ranks' .grad is the mean / n."""
+    local = [[1.0, -2.0, 0.5], [3.0, 0.0, 0.25]]  # two ranks' own gradients
+    mean = [(a + b) / 2 for a, b in zip(*local, strict=True)]
+    by_rank = {r: {"passes": [{"local": local[r], "grad": [m / 2 for m in mean]}]}
+               for r in range(2)}
+    with pytest.raises(ExerciseError, match="the mean divided by 2 once more"):
+        nb10b.judge_pass(by_rank, 2, 2, 0)
+    for r in range(2):
+        by_rank[r]["passes"][0]["grad"] = mean
+    nb10b.judge_pass(by_rank, 2, 2, 0)  # the mean itself passes
+
+
+@pytest.mark.parametrize("message, source, words", [
+    ("'GradBucket' object has no attribute 'get_tensor'", "buffer = bucket.get_tensor()",
+     "older torch called it get_tensor()"),
+    ("completed() INTERNAL ASSERT FAILED at ...", "mean = future.value()[0] / n",
+     "read before the all-reduce had finished"),
+    ("'NoneType' object has no attribute 'size'", "n = process_group.size()",
+     "process_group=None"),
+    ("'NoneType' object has no attribute 'get_future'",
+     "f = dist.all_reduce(m, group=group).get_future()", "async_op=True")])
+def test_the_errors_a_hook_meets_first_are_explained(message, source, words):
+    explained = nb10b.explain_bf16_error({"message": message, "source": source}, "")
+    assert words in explained, explained
+    assert nb10b.explain_bf16_error({"message": "other", "source": source}, "") is None
 
 
 def test_the_skeleton_is_not_done_yet(workspace, capsys):

@@ -30,6 +30,12 @@ def bf16_close(got: torch.Tensor, want: torch.Tensor, size: torch.Tensor, n: int
     return bool(((got - want).abs() <= tol).all())
 
 
+def described(handed: list) -> str:
+    """"a float32 tensor of 1 value and a bfloat16 tensor of 707 values"."""
+    parts = [f"a {d} tensor of {k} value{'s' if k != 1 else ''}" for _, d, k in handed]
+    return ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
+
+
 def judge_handed(hook_call: dict, rank: int, index: int) -> None:
     """What one call of the hook handed to a collective: a bf16 copy of the bucket, once."""
     numel, handed = hook_call["numel"], hook_call["handed"]
@@ -40,16 +46,23 @@ def judge_handed(hook_call: dict, rank: int, index: int) -> None:
            "your hook sends float16: 2 bytes too, but only 5 bits of exponent, so a gradient "
            "above 65504 becomes inf and one below 6e-8 becomes 0; bfloat16 keeps float32's "
            "8-bit exponent, its range")
-    nbytes = sum(k * torch.empty(0, dtype=getattr(torch, d)).element_size()
-                 for _, d, k in handed)
+    whole = kinds == ["bfloat16"] and sum(k for *_, k in handed) == numel
+    expect(len(handed) == 1 or not whole,
+           f"your hook makes {len(handed)} all-reduces for one bucket of {numel} values, one "
+           "per parameter: DDP hands a hook the whole bucket so that one message carries it "
+           "(one start-up cost, not one per tensor); all-reduce a bf16 copy of bucket.buffer()")
+    expect(len(handed) == 1,
+           f"for one bucket of {numel} values your hook hands {described(handed)} to "
+           "collectives: one all-reduce of the bucket's bf16 copy is all it needs (the "
+           "group's size is dist.get_world_size(group), no message)")
+    nbytes = numel * torch.empty(0, dtype=getattr(torch, kinds[0])).element_size()
     expect(kinds == ["bfloat16"],
-           f"your hook all-reduces {'/'.join(kinds)}: {nbytes} bytes for a bucket of {numel} "
-           "float32 values, what DDP sends without a hook; the message of this lesson is "
-           f"bfloat16, 2 bytes a value, {2 * numel} bytes")
-    sent = sum(k for *_, k in handed)
-    expect(sent <= numel, f"rank {rank}'s hook handed {sent} values to its collectives for a "
-                          f"bucket of {numel}: one all-reduce of the bucket's bf16 copy is "
-                          f"{2 * numel} bytes")
+           f"your hook all-reduces {kinds[0]}: {nbytes} bytes for a bucket of {numel} "
+           "float32 values" + (", what DDP sends without a hook" if kinds == ["float32"]
+                               else "") + "; the message of this lesson is bfloat16, 2 bytes "
+           f"a value, {2 * numel} bytes")
+    expect(handed[0][2] == numel, f"your hook all-reduces {handed[0][2]} values for a bucket "
+                                  f"of {numel}: the message is the whole bucket, in bf16")
 
 
 def judge_pass(by_rank: dict, n: int, world: int, p: int) -> None:
@@ -67,6 +80,9 @@ def judge_pass(by_rank: dict, n: int, world: int, p: int) -> None:
                f"the gradients were divided by {world}, the size of the whole world, but DDP "
                f"runs on a group of {n} ranks here: take the size from the process group the "
                "hook is given")
+        expect(not bf16_close(got, mean / n, size / n, n),
+               f"the gradients are the mean divided by {n} once more: the group's size "
+               "divides the sum once, before the all-reduce or after it, not both")
         expect(not (bf16_close(got, local[rank] / n, size, n)
                     or bf16_close(got, local[rank], size, n)),
                f"rank {rank}'s .grad holds its own gradient, not the mean over the ranks: the "
@@ -88,9 +104,21 @@ def judge_bf16_case(summary: dict, by_rank: dict, run) -> None:
 
 
 def explain_bf16_error(error: dict, text: str) -> str | None:
-    if "'NoneType' object has no attribute" in error["message"]:
+    """A sentence for the errors a DDP hook meets first, or None."""
+    message, source = error["message"], error["source"]
+    if "'NoneType' object has no attribute 'get_future'" in message or (
+            "'NoneType' object has no attribute 'wait'" in message):
+        return ("dist.all_reduce returns None unless it is called with async_op=True; then it "
+                "returns a handle, and the handle's get_future() a future")
+    if "'NoneType' object has no attribute" in message and "group" in source:
         return ("DDP hands the hook process_group=None when it runs on the whole world: "
                 "use dist.group.WORLD then (collectives take group=None as the world too)")
+    if "'GradBucket' object has no attribute" in message:
+        return ("the bucket's flat float32 gradients are bucket.buffer() (older torch called "
+                "it get_tensor()); bucket.gradients() lists them per parameter")
+    if "completed() INTERNAL ASSERT" in message:
+        return ("a future's value() was read before the all-reduce had finished: read it in "
+                "a function given to then(), which runs once it has, or after wait()")
     return None
 
 
