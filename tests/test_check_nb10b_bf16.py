@@ -84,8 +84,8 @@ MISTAKES = {  # name: (the edits, what the hint says, world size)
 }
 MARKS = ("the SUM", "all-reduces float32", "sends float16", "size of the whole world",
          "on the whole world, ranks", "holds a list", "(a Work)", "handed nothing",
-         "process_group=None", "unless it is called with async_op", "one per parameter", "tensor of 1 value",
-         "once more", "get_tensor()", "differs from the mean")
+         "process_group=None", "unless it is called with async_op", "one per parameter",
+         "tensor of 1 value", "once more", "get_tensor()", "differs from the mean")
 
 
 def test_the_reference_passes_and_is_recorded(workspace, capsys):
