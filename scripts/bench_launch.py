@@ -67,7 +67,9 @@ def main(argv=None) -> None:
     for _ in range(args.repeats):
         for kind in labels:
             times[kind].append(one_launch(kind, args))
-    print(f"{args.target} on {args.nproc} processes, median of {args.repeats} launches each:")
+    processes = "process" if args.nproc == 1 else "processes"
+    print(f"{args.target} on {args.nproc} {processes}, median of {args.repeats} launch"
+          f"{'' if args.repeats == 1 else 'es'} each:")
     medians = {}
     for kind, label in labels.items():
         wall = statistics.median(w for w, _ in times[kind])
