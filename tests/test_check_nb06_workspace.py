@@ -6,6 +6,7 @@ gets the hint that names its mistake and no other."""
 import pytest
 from answer_edits import edited, reference, skeleton
 from check_reports import file_hint
+from shared_launch import share_launches
 
 from course_lib.check import nb06
 from course_lib.runtime.workspace import has_passed
@@ -117,6 +118,18 @@ def hint_of(workspace, mistake: str) -> str:
     assert words in hint, hint
     assert not [w for *_, w in WRONG.values() if w != words and w in hint], hint
     return hint
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_launches():
+    """The answers whose mistake is in the values run every case to the end: they share one
+    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    ring = reference(RING)
+    answers = [(ring, 3), *((edited(ring, edits), sizes[0]) for sizes, edits in RIGHT.values())]
+    answers += [(edited(ring, WRONG[name][1]), WRONG[name][0][0]) for name in (
+        "no all-gather", "replaces instead of adding", "the all-gather adds", "no copy back",
+        "the whole tensor every step")]
+    share_launches(nb06.RING_CASES, RING, answers)
 
 
 def test_the_reference_passes_and_is_recorded(workspace, capsys):

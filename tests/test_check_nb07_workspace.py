@@ -8,6 +8,7 @@ import re
 import pytest
 from answer_edits import edited, reference, skeleton
 from check_reports import checked_lines, file_hint
+from shared_launch import share_launches
 
 from course_lib.check import nb07
 from course_lib.check.cases import dp_step_cases
@@ -111,7 +112,21 @@ def hint_of(workspace, mistake: str) -> str:
     return hint
 
 
+@pytest.fixture(scope="module")
+def shared_launches():
+    """The answers whose mistake is in the values run every case to the end: they share one
+    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    text = reference(FILE)
+    answers = [(text, 3), (edited(text, RIGHT["one flat buffer, one all-reduce per step"]), 3),
+               (edited(text, RIGHT["one flat broadcast, the gradient divided once"]), 2)]
+    answers += [(edited(text, MISTAKES[name][0]), 2) for name in (
+        "the ring's sum, not divided by the world size", "each micro-batch's loss not divided "
+        "by K", "a sync after every micro-batch", "no broadcast", "the gradients never zeroed")]
+    share_launches(nb07.DP_STEP_CASES, FILE, answers)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_launches")
 def test_the_reference_passes_and_is_recorded(workspace, capsys):
     """On 3 processes (an odd ring); the notebook's own checker cell, which nbval runs, checks
     it on 2, 3 and 4."""
@@ -122,6 +137,7 @@ def test_the_reference_passes_and_is_recorded(workspace, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_launches")
 @pytest.mark.parametrize("right, world_sizes", [
     ("one flat buffer, one all-reduce per step", (3,)),  # N = K = 3
     ("one flat broadcast, the gradient divided once", (2,))])
@@ -143,6 +159,7 @@ def test_the_library_or_torchs_all_reduce_is_refused_before_a_launch(workspace, 
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_launches")
 @pytest.mark.parametrize("mistake", [m for m, (_, sizes, _) in MISTAKES.items()
                                      if sizes and m != "rank 0 skips the broadcast"])
 def test_a_wrong_answer_gets_the_hint_of_its_mistake_only(workspace, mistake):

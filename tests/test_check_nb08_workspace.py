@@ -6,6 +6,7 @@ edit of the reference, gets the hint that names its mistake and no other."""
 import pytest
 from answer_edits import edited, reference, skeleton
 from check_reports import checked_lines, file_hint
+from shared_launch import share_launches
 
 from course_lib.check import nb08
 from course_lib.check.cases import hook_cases
@@ -99,6 +100,19 @@ WORDS = {  # what the hint of each mistake says, for the file's text t
 MARKS = ("never waited on", "read before its all-reduce", "SUM over the ranks", "no overlap",
          "blocks (it has no async_op", "only with async_op=True", "summed a second time",
          "the second is not", "waited on during backward", "size of the whole world")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_launches():
+    """The answers whose mistake is in the values run every case to the end: they share one
+    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    answers = [(REFERENCE, 3),
+               (edited(REFERENCE, RIGHT["divide before the sum, wait in reverse order"]), 3),
+               (edited(REFERENCE, RIGHT["a set of missing gradients per bucket, every wait "
+                                        "first"]), 2)]
+    answers += [(edited(REFERENCE, MISTAKES[name][0]), MISTAKES[name][1][0])
+                for name in MISTAKES if name != "blocking, waits on None"]  # that one raises
+    share_launches(nb08.HOOKS_CASES, "my_hooks.py", answers)
 
 
 def test_the_reference_passes_and_is_recorded(workspace, capsys):

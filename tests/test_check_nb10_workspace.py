@@ -8,6 +8,7 @@ import re
 import pytest
 from answer_edits import edited, reference, skeleton
 from check_reports import checked_lines, file_hint
+from shared_launch import share_launches
 
 from course_lib.check import nb10
 from course_lib.check.cases import zero_cases
@@ -81,6 +82,15 @@ MISTAKES = {  # name: (the edits, what the hint says)
 }
 MARKS = ("the SUM of the ranks'", "the other values are still the old ones", "a copy of the chunk",
          "no rank's optimizer holds", "holds all", "all-reduces", "did not change at all")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_launches():
+    """Every answer here runs every case to the end (its mistake is in the values): they share
+    one launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    answers = [(REFERENCE, 4), *((edited(REFERENCE, edits), 2) for edits in RIGHT.values())]
+    answers += [(edited(REFERENCE, edits), 2) for edits, _ in MISTAKES.values()]
+    share_launches(nb10.ZERO_CASES, "my_zero.py", answers)
 
 
 def test_the_reference_passes_and_is_recorded(workspace, capsys):

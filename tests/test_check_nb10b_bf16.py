@@ -9,6 +9,7 @@ import re
 import pytest
 from answer_edits import edited, reference, skeleton
 from check_reports import assert_correct, assert_names_its_mistake, file_hint, wrong_file_hint
+from shared_launch import share_launches
 
 from course_lib.check import nb10b
 from course_lib.check.cases import bf16_hook_cases
@@ -86,6 +87,19 @@ MARKS = ("the SUM", "all-reduces float32", "sends float16", "size of the whole w
          "on the whole world, ranks", "holds a list", "(a Work)", "handed nothing",
          "process_group=None", "unless it is called with async_op", "one per parameter",
          "tensor of 1 value", "once more", "get_tensor()", "differs from the mean")
+
+
+SHARED = ("no average", "float32 sent", "float16 sent", "never all-reduced",
+          "one all-reduce per parameter", "the group's size by a message", "the world's size")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_launches():
+    """The answers whose mistake is in the values run every case to the end: they share one
+    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    answers = [(HOOK, 3), *((edited(HOOK, edits), 2) for edits in RIGHT.values())]
+    answers += [(edited(HOOK, MISTAKES[name][0]), MISTAKES[name][2]) for name in SHARED]
+    share_launches(nb10b.BF16_HOOK_CASES, "my_bf16_hook.py", answers)
 
 
 def test_the_reference_passes_and_is_recorded(workspace, capsys):

@@ -10,6 +10,7 @@ import re
 import pytest
 from answer_edits import edited, reference, skeleton
 from check_reports import assert_correct, assert_names_its_mistake, wrong_file_hint
+from shared_launch import share_launches
 
 from course_lib.check import nb10b
 from course_lib.check.cases import shard_unit_cases, zero2_cases
@@ -71,6 +72,21 @@ ZERO2_MISTAKES = {  # name: (the edits, what the hint says, world size)
 ZERO2_MARKS = ("the SUM", "shares its memory", "only the last one's", "all-reduces",
                "reduce_scatter_tensor", "got the mean of chunk", "size of the whole world",
                "sent on the whole world", "is None", "differ from plain")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_launches():
+    """The answers whose mistake is in the values run every case to the end: they share one
+    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    zero2 = [(ZERO2, 4), *((edited(ZERO2, edits), 3) for edits in ZERO2_RIGHT.values())]
+    zero2 += [(edited(ZERO2, ZERO2_MISTAKES[name][0]), ZERO2_MISTAKES[name][2]) for name in (
+        "no average", "a view of the bucket", "overwritten, not accumulated", "an all-reduce",
+        "torch's reduce_scatter_tensor", "the next rank's chunk", "the world's size")]
+    share_launches(nb10b.ZERO2_CASES, "my_zero2.py", zero2)
+    units = [(UNIT, 3), *((edited(UNIT, edits), 2) for edits in UNIT_RIGHT.values())]
+    units += [(edited(UNIT, UNIT_MISTAKES[name][0]), 2)
+              for name in ("a sum, not a mean", "overwritten, not accumulated")]
+    share_launches(nb10b.SHARD_UNIT_CASES, "my_flat_shard.py", units)
 
 
 def test_the_zero2_reference_passes_and_is_recorded(workspace, capsys):

@@ -5,7 +5,10 @@
 
 Each rank joins the process group (``worker``; the checker sets a short
 ``COURSE_PG_TIMEOUT_S``), installs the ``Tracer``, imports the learner's file, runs every case
-of ``CASES_MODULE`` in order (see ``course_lib.check.mp``) and writes ``RUN_DIR/result{R}.json``:
+of ``CASES_MODULE`` in order (see ``course_lib.check.mp``) and writes ``RUN_DIR/result{R}.json``
+(LEARNER_FILE may also be a JSON list of files: the tests' shared launches, ``runner.prelaunch``;
+file K then runs in RUN_DIR/K/ as if alone, from fresh seeds, and a rank stops at the first file
+that raised on it):
 
     {"rank": R, "world_size": N, "cases": [one summary per case run],
      "error": null or {"kind", "type", "message", "line", "source", "case", "status"}}
@@ -26,7 +29,7 @@ import torch.distributed as dist
 from course_lib.check.mp.learner import describe_error, load_learner
 from course_lib.check.mp.tracer import Tracer
 from course_lib.runtime.launch_child import write_json_atomic
-from course_lib.runtime.worker import worker
+from course_lib.runtime.worker import seed_everything, worker
 
 
 def result_path(run_dir: str, rank: int) -> str:
@@ -55,30 +58,61 @@ def run_cases(cases, specs: list[dict], groups: dict, learner, tracer: Tracer, w
     report["case"] = None
 
 
-def main(argv: list[str] | None = None) -> None:
-    run_dir, cases_name, path, *rest = sys.argv[1:] if argv is None else argv
-    options = json.loads(rest[0]) if rest else {}
-    rank = int(os.environ.get("RANK", "0"))
-    tracer = Tracer(run_dir, rank, path)
-    report = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-              "cases": [], "case": None, "error": None}
+def learner_paths(arg: str) -> list[str]:
+    """LEARNER_FILE: one path, or a JSON list of them (a shared launch)."""
+    return json.loads(arg) if arg.startswith("[") else [arg]
+
+
+def run_learner(path: str, run_dir: str, cases, specs, groups, tracer: Tracer, w,
+                options: dict) -> bool:
+    """Run every case on one learner's file, as a launch of its own would; write
+    RUN_DIR/result{R}.json. Returns whether it ran without an error on this rank."""
+    report = {"rank": w.rank, "world_size": w.world_size, "cases": [], "case": None,
+              "error": None}
 
     def save() -> None:
-        write_json_atomic(result_path(run_dir, rank), {**report, "finished": False})
+        write_json_atomic(result_path(run_dir, w.rank), {**report, "finished": False})
+    tracer.retarget(run_dir, path)
+    seed_everything(0)  # as worker(seed=0) left the generators for a launch of its own
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        learner = load_learner(path)  # the file's top-level code runs here
+        run_cases(cases, specs, groups, learner, tracer, w, options, report, save)
+    except Exception as e:  # every way the learner's code fails is judged
+        report["error"] = {**describe_error(e, path), "case": report["case"],
+                           "status": tracer.last}
+    finally:
+        for name in [name for name, module in list(sys.modules.items())
+                     if os.path.dirname(getattr(module, "__file__", None) or "") == folder]:
+            del sys.modules[name]  # the file and its neighbours: the next file has its own
+        write_json_atomic(result_path(run_dir, w.rank), {**report, "finished": True})
+    return report["error"] is None
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_dir, cases_name, learners, *rest = sys.argv[1:] if argv is None else argv
+    options = json.loads(rest[0]) if rest else {}
+    paths, shared = learner_paths(learners), learners.startswith("[")
+    rank = int(os.environ.get("RANK", "0"))
+    tracer = Tracer(run_dir, rank, paths[0])
+    done = 0
     try:
         with worker(seed=0, per_rank_seed=False, backend="gloo") as w:
             cases = importlib.import_module(cases_name)
             specs = cases.case_specs(w.world_size, options)
             groups = make_groups(specs, w)
             tracer.install()
-            try:
-                learner = load_learner(path)  # the file's top-level code runs here
-                run_cases(cases, specs, groups, learner, tracer, w, options, report, save)
-            except Exception as e:  # every way the learner's code fails is judged
-                report["error"] = {**describe_error(e, path), "case": report["case"],
-                                   "status": tracer.last}
+            for k, path in enumerate(paths):
+                folder = os.path.join(run_dir, str(k)) if shared else run_dir
+                os.makedirs(folder, exist_ok=True)
+                done = k + 1
+                if not run_learner(path, folder, cases, specs, groups, tracer, w, options):
+                    break  # its peers may still wait in it: the files after it run alone
     finally:
-        write_json_atomic(result_path(run_dir, rank), {**report, "finished": True})
+        if done == 0:  # stopped before any file ran (the process group, say)
+            write_json_atomic(result_path(run_dir, rank),
+                              {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                               "cases": [], "case": None, "error": None, "finished": True})
 
 
 if __name__ == "__main__":

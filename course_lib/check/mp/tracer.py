@@ -147,6 +147,13 @@ class Tracer:
         self._main = threading.main_thread().ident
         self._signatures = {}
 
+    def retarget(self, run_dir: str, learner_file: str) -> None:
+        """Trace another learner's file, into another run folder (a shared launch)."""
+        self.learner_file = _real_path(learner_file)
+        self.status_path = os.path.join(run_dir, f"status{self.rank}.json")
+        self.where_path = os.path.join(run_dir, f"where{self.rank}.json")
+        self.last = {}
+
     # ---- where the learner is ---------------------------------------------------------------
 
     def learner_frame(self, frame=None):
