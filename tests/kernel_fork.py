@@ -28,8 +28,10 @@ import time
 
 SOCKET_ENV = "COURSE_KERNEL_FORK_SOCKET"  # where a test process's server listens
 FRESH_ENV = "COURSE_TEST_FRESH_KERNELS"
-# not matplotlib: importing it reads $MPLBACKEND, which the kernel sets itself when it starts
-PRELOAD = ("torch", "ipykernel.kernelapp")
+# matplotlib reads $MPLBACKEND when it is imported, before a kernel sets it: the server imports
+# it without one, and each kernel sets the backend as importing it then would (use_backend)
+PRELOAD = ("torch", "ipykernel.kernelapp", "matplotlib.pyplot")
+INLINE = "module://matplotlib_inline.backend_inline"  # what ipykernel sets when none is set
 WATCH_S = 0.2  # how often a forked kernel looks whether its client still runs
 
 
@@ -112,6 +114,7 @@ def run_kernel(request: dict, fds: list[int]) -> None:
         os.environ.update(request["env"])
         sys.argv = ["ipykernel_launcher", *request["argv"]]
         sys.path[0] = ""  # as for python -m ipykernel_launcher: the working folder first
+        use_backend(os.environ.get("MPLBACKEND") or INLINE)
         watch(request["client"])
         from ipykernel import kernelapp
 
@@ -122,6 +125,14 @@ def run_kernel(request: dict, fds: list[int]) -> None:
         traceback.print_exc()
     finally:
         os._exit(0)
+
+
+def use_backend(name: str) -> None:
+    """The backend matplotlib would take from $MPLBACKEND had the kernel imported it (the
+    server imported it earlier, with no $MPLBACKEND): set before any figure, as there."""
+    import matplotlib
+
+    matplotlib.rcParams["backend"] = name
 
 
 def watch(client_pid: int) -> None:
