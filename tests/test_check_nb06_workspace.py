@@ -122,8 +122,7 @@ def hint_of(workspace, mistake: str) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_launches():
-    """The answers whose mistake is in the values run every case to the end: they share one
-    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    """One launch per world size for the answers that run to the end (shared_launch.py)."""
     ring = reference(RING)
     answers = [(ring, 3), *((edited(ring, edits), sizes[0]) for sizes, edits in RIGHT.values())]
     answers += [(edited(ring, WRONG[name][1]), WRONG[name][0][0]) for name in (

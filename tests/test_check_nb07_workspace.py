@@ -114,8 +114,7 @@ def hint_of(workspace, mistake: str) -> str:
 
 @pytest.fixture(scope="module")
 def shared_launches():
-    """The answers whose mistake is in the values run every case to the end: they share one
-    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    """One launch per world size for the answers that run to the end (shared_launch.py)."""
     text = reference(FILE)
     answers = [(text, 3), (edited(text, RIGHT["one flat buffer, one all-reduce per step"]), 3),
                (edited(text, RIGHT["one flat broadcast, the gradient divided once"]), 2)]

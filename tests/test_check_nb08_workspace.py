@@ -104,8 +104,7 @@ MARKS = ("never waited on", "read before its all-reduce", "SUM over the ranks", 
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_launches():
-    """The answers whose mistake is in the values run every case to the end: they share one
-    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    """One launch per world size for the answers that run to the end (shared_launch.py)."""
     answers = [(REFERENCE, 3),
                (edited(REFERENCE, RIGHT["divide before the sum, wait in reverse order"]), 3),
                (edited(REFERENCE, RIGHT["a set of missing gradients per bucket, every wait "

@@ -86,8 +86,7 @@ MARKS = ("the SUM of the ranks'", "the other values are still the old ones", "a 
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_launches():
-    """Every answer here runs every case to the end (its mistake is in the values): they share
-    one launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    """One launch per world size for the answers that run to the end (shared_launch.py)."""
     answers = [(REFERENCE, 4), *((edited(REFERENCE, edits), 2) for edits in RIGHT.values())]
     answers += [(edited(REFERENCE, edits), 2) for edits, _ in MISTAKES.values()]
     share_launches(nb10.ZERO_CASES, "my_zero.py", answers)

@@ -95,8 +95,7 @@ SHARED = ("no average", "float32 sent", "float16 sent", "never all-reduced",
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_launches():
-    """The answers whose mistake is in the values run every case to the end: they share one
-    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    """One launch per world size for the answers that run to the end (shared_launch.py)."""
     answers = [(HOOK, 3), *((edited(HOOK, edits), 2) for edits in RIGHT.values())]
     answers += [(edited(HOOK, MISTAKES[name][0]), MISTAKES[name][2]) for name in SHARED]
     share_launches(nb10b.BF16_HOOK_CASES, "my_bf16_hook.py", answers)

@@ -76,8 +76,7 @@ ZERO2_MARKS = ("the SUM", "shares its memory", "only the last one's", "all-reduc
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_launches():
-    """The answers whose mistake is in the values run every case to the end: they share one
-    launch per world size (tests/shared_launch.py); the checker reads their runs."""
+    """One launch per world size for the answers that run to the end (shared_launch.py)."""
     zero2 = [(ZERO2, 4), *((edited(ZERO2, edits), 3) for edits in ZERO2_RIGHT.values())]
     zero2 += [(edited(ZERO2, ZERO2_MISTAKES[name][0]), ZERO2_MISTAKES[name][2]) for name in (
         "no average", "a view of the bucket", "overwritten, not accumulated", "an all-reduce",
