@@ -5,7 +5,8 @@ The pieces, in the order a check goes through them:
 - ``learner``: the file exists, parses and defines the functions (before any launch); inside
   the run, import it by path and describe an exception by the learner's own line.
 - ``runner``: launch ``program`` quietly on N processes with a short process-group timeout,
-  then read each rank's files from the run folder.
+  then read each rank's files from the run folder (``prelaunch``: the tests run several files
+  in one launch, each as if alone, and the checker reads each one's run).
 - ``program``: inside each rank: join the group, install the ``tracer``, run every case of an
   exercise's cases module, write ``result{R}.json`` after each case.
 - ``tracer``: wraps torch.distributed's calls: status files (who waits on whom), bytes and
