@@ -52,14 +52,6 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
     return specs
 
 
-def batch(spec: dict, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return hook_cases.batch(spec, rank, step)
-
-
-def flat_grads(model: nn.Module) -> list[float]:
-    return hook_cases.flat_grads(model)
-
-
 def done(value: torch.Tensor) -> torch.futures.Future:
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(value)
@@ -128,7 +120,7 @@ def own_grads(model: nn.Module, x, y, scale: float) -> list[float]:
     """This rank's gradient alone (the same pass, no DDP)."""
     mine = copy.deepcopy(model)
     (F.cross_entropy(mine(x), y) * scale).backward()
-    return flat_grads(mine)
+    return hook_cases.flat_grads(mine)
 
 
 def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
@@ -143,12 +135,12 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
     with tracer.watching(spec["name"], range(spec["ranks"])) as log:
         hook.log = log
         for i in range(spec["passes"]):
-            x, y = batch(spec, rank, i)
+            x, y = hook_cases.batch(spec, rank, i)
             local = own_grads(module, x, y, spec["scale"])
             model.zero_grad(set_to_none=True)
             (F.cross_entropy(model(x), y) * spec["scale"]).backward()  # the hook runs here
             hook.raise_if_failed()
-            passes.append({"grad": flat_grads(module), "local": local,
+            passes.append({"grad": hook_cases.flat_grads(module), "local": local,
                            "grad_dtype": str(next(module.parameters()).grad.dtype)})
     return {"name": spec["name"], "ranks": spec["ranks"], "passes": passes,
             "hooks": hook.calls, **log.summary()}

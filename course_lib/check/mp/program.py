@@ -58,11 +58,6 @@ def run_cases(cases, specs: list[dict], groups: dict, learner, tracer: Tracer, w
     report["case"] = None
 
 
-def learner_paths(arg: str) -> list[str]:
-    """LEARNER_FILE: one path, or a JSON list of them (a shared launch)."""
-    return json.loads(arg) if arg.startswith("[") else [arg]
-
-
 def run_learner(path: str, run_dir: str, cases, specs, groups, tracer: Tracer, w,
                 options: dict) -> bool:
     """Run every case on one learner's file, as a launch of its own would; write
@@ -92,7 +87,8 @@ def run_learner(path: str, run_dir: str, cases, specs, groups, tracer: Tracer, w
 def main(argv: list[str] | None = None) -> None:
     run_dir, cases_name, learners, *rest = sys.argv[1:] if argv is None else argv
     options = json.loads(rest[0]) if rest else {}
-    paths, shared = learner_paths(learners), learners.startswith("[")
+    shared = learners.startswith("[")  # a JSON list of files: a shared launch
+    paths = json.loads(learners) if shared else [learners]
     rank = int(os.environ.get("RANK", "0"))
     tracer = Tracer(run_dir, rank, paths[0])
     done = 0
