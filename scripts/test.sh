@@ -5,11 +5,14 @@
 #   scripts/test.sh --quick      lint and the fast unit tests (those not marked slow)
 #   scripts/test.sh --unit       lint and every unit test
 #   scripts/test.sh --notebooks  notebooks only
+#   scripts/test.sh --narrow-isa the notebooks again, with torch's, MKL's and oneDNN's kernels
+#                                narrowed to a CPU without AVX: the saved outputs must hold on
+#                                any CPU (add --unit or --quick to run those tests so instead)
 #   add --dry-run to any of them to print the commands without running them (nor installing)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-usage="usage: scripts/test.sh [--quick | --unit | --notebooks] [--dry-run] [--help]"
-what=all; dry=0
+usage="usage: scripts/test.sh [--quick | --unit | --notebooks] [--narrow-isa] [--dry-run] [--help]"
+what=all; dry=0; narrow=0
 for arg in "$@"; do
   case "$arg" in
     --quick|--unit|--notebooks)
@@ -18,8 +21,9 @@ for arg in "$@"; do
         echo "$usage" >&2; exit 2
       fi
       what="${arg#--}" ;;
+    --narrow-isa) narrow=1 ;;
     --dry-run) dry=1 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "error: unknown option $arg" >&2; echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -32,6 +36,18 @@ run() {  # print the command, quoted as the shell would read it; run it unless -
 if [ "$dry" = 0 ]; then source "$ROOT/scripts/env.sh" || exit 1; fi  # stops if setup failed
 source "$ROOT/scripts/ci_env.sh"
 cd "$ROOT"
+if [ "$narrow" = 1 ]; then  # what another machine computes: no AVX in torch, BLAS or oneDNN
+  [ "$what" = all ] && what=notebooks  # the saved outputs are what a narrower CPU could change
+  echo "== kernels narrowed to a CPU without AVX (torch: default, MKL: SSE4.2, oneDNN: SSE4.1)"
+  for setting in ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 MKL_CBWR=COMPATIBLE \
+                 ONEDNN_MAX_CPU_ISA=SSE41; do
+    printf '+ export %s\n' "$setting"; export "${setting?}"
+  done
+  if [ "$dry" = 0 ]; then
+    echo "[narrow] torch's kernels: $(python -c 'import torch
+print(torch.backends.cpu.get_cpu_capability())')"
+  fi
+fi
 status=0
 start=$(date +%s)
 

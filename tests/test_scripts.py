@@ -246,6 +246,19 @@ def test_the_full_run_is_one_session_over_the_tests_and_the_notebooks():
     assert "--no-loadscope-reorder" in session  # files handed out in tests/conftest.py's order
 
 
+def test_narrow_isa_reruns_the_notebooks_with_narrower_kernels_set_first():
+    done = bash("scripts/test.sh", "--narrow-isa", "--dry-run", timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = [line[2:] for line in done.stdout.splitlines() if line.startswith("+ ")]
+    exports = [line.split(" ", 1)[1] for line in lines if line.startswith("export ")]
+    assert exports == ["ATEN_CPU_CAPABILITY=default", "MKL_ENABLE_INSTRUCTIONS=SSE4_2",
+                       "MKL_CBWR=COMPATIBLE", "ONEDNN_MAX_CPU_ISA=SSE41"]
+    sessions = [shlex.split(line) for line in lines if line.startswith("python -m pytest")]
+    assert len(sessions) == 1 and sessions[0][3] == "notebooks" and "--nbval" in sessions[0]
+    first_pytest = next(i for i, line in enumerate(lines) if line.startswith("python -m pytest"))
+    assert lines.index("export ONEDNN_MAX_CPU_ISA=SSE41") < first_pytest  # set before the run
+
+
 def test_the_longest_files_are_collected_first_and_each_exists(collections):
     from suite_order import LONGEST_FIRST, place
 

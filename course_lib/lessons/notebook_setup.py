@@ -48,3 +48,12 @@ def setup_notebook(seed: int = 0, threads: int = 1) -> None:
 def timing(label: str, seconds: float) -> str:
     """A timing line: it starts with ``[time]`` so nbval's sanitize rule blanks it."""
     return f"[time] {label}: {seconds:.3f} s"
+
+
+def rounding(value: float) -> str:
+    """A figure at floating-point rounding level, as ``~3e-07`` (``~0`` for an exact zero).
+
+    Its digits change with the CPU's vector instructions (AVX-512, AVX2, another BLAS), so
+    nbval's sanitize rule masks what follows the ``~``. Print it beside the bound the cell
+    asserts, which every CPU meets: ``f"relative error {rounding(e)} (at most 1e-6)"``."""
+    return "~0" if value == 0 else f"~{value:.0e}"
