@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The course on a GPU machine: the training entry point on NCCL (one process per GPU), notebook
-# 08's overlap against torch DDP (2 GPUs or more) and the memory benchmark with
-# torch.cuda.max_memory_allocated. Prints the figures the README records.
+# 08's overlap against torch DDP (2 GPUs or more), Gloo's collectives on CUDA tensors with 2-4
+# ranks sharing one GPU, NCCL's refusal of more ranks than GPUs, ZeRO-3 against torch's
+# fully_shard, and the memory benchmark with torch.cuda.max_memory_allocated. Prints the
+# figures the README records.
 #   scripts/gpu_check.sh [OUT_DIR]       (default OUT_DIR: .bench/gpu)
 # Uses the machine's own python3 and torch (PYTHON=... to choose), so it also runs where
 # scripts/env.sh cannot install (a cluster node without internet).
@@ -9,7 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage="usage: scripts/gpu_check.sh [OUT_DIR] [--help]"
 case "${1:-}" in
-  -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
   -*) echo "error: unknown option $1" >&2; echo "$usage" >&2; exit 2 ;;
 esac
 if [ "$#" -gt 1 ]; then echo "error: one OUT_DIR at most, got $*" >&2; echo "$usage" >&2; exit 2; fi
@@ -88,6 +90,25 @@ for label in ("bucketed", "overlap"):
     assert rows[label]["replicas_bitwise_equal"], label
 PY
 fi
+
+echo "== Gloo on CUDA tensors: 2, 3 and 4 ranks sharing GPU 0, each collective against the CPU"
+for n in 2 3 4; do
+  COURSE_BACKEND=gloo "$PY" -m course_lib.runtime.launch --nproc "$n" \
+    course_lib.demos.cuda_gloo --device cuda | grep -F '[gpu]'
+done
+
+echo "== NCCL asked for more ranks than GPUs: refused in one line, before any rank starts"
+too_many=$((gpus + 1))
+if refusal="$(COURSE_BACKEND=nccl "$PY" -m course_lib.runtime.launch --nproc "$too_many" \
+              course_lib.demos.hello 2>&1)"; then
+  echo "error: NCCL with $too_many ranks on $gpus GPU(s) was not refused" >&2; exit 1
+fi
+[ "$(printf '%s\n' "$refusal" | wc -l)" -eq 1 ] \
+  || { echo "error: the refusal took more than one line:" >&2; echo "$refusal" >&2; exit 1; }
+echo "[gpu] $too_many ranks on $gpus GPU(s): $refusal"
+
+echo "== ZeRO-3 against torch's fully_shard on the GPU(s): $gpus process(es), one per GPU"
+"$PY" scripts/bench_fully_shard.py --nproc "$gpus" --quick | tee "$OUT/fully_shard.txt"
 
 echo "== memory benchmark on cuda"
 "$PY" scripts/bench_memory.py --device cuda --out "$OUT"
