@@ -127,6 +127,7 @@ def test_steps_per_algorithm():
     assert simulate("tree", 7, 64, IB, tree_pieces=4).steps == 4 + 6
     assert simulate("halving_doubling", 1024, 4096, IB).steps == 2 * 10
     assert simulate("two_level", 64, 4096, H100_NODES).steps == 2 * 7 + 2 * 7
+    assert simulate("ring_channels", 64, 4096, H100_NODES).steps == 2 * 63  # rings in step
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 6, 8, 100])
@@ -245,6 +246,7 @@ def test_4096_ranks_complete():
     (lambda: link_from_model(cost_model.AlphaBeta(1e-6, 0.0)), "beta_s_per_byte > 0"),
     (lambda: simulate("halving_doubling", 12, 64, IB), "power of two, got 12"),
     (lambda: simulate("two_level", 16, 64, IB), "pass a links.Cluster"),
+    (lambda: simulate("ring_channels", 16, 64, IB), "ring_channels needs nodes"),
     (lambda: simulate("ring", 12, 64, H100_NODES), "multiple of ranks_per_node"),
     (lambda: Cluster(0, NVLINK, IB), "ranks_per_node"),
     (lambda: Cluster(8, NVLINK, "Ethernet 10G"), "pass a Link or one of"),
@@ -319,11 +321,15 @@ def test_the_bandwidth_optimal_plot_comes_down_to_the_bound():
 def test_the_topology_plot_sweeps_the_link_between_nodes():
     fig = plot_topology(NVLINK, IB, 64, 2**30, points=5)
     left, right = fig.axes
-    ring, two_level = (line.get_ydata() for line in left.get_lines()[:2])
-    assert all(a > b for a, b in zip(ring, two_level, strict=True))  # two-level always ahead
+    ring, channels, two_level = (line.get_ydata() for line in left.get_lines()[:3])
+    assert all(a > b for a, b in zip(ring, two_level, strict=True))  # ahead of one channel
+    assert all(a > b for a, b in zip(two_level, channels, strict=True))  # 1 GiB: L rings ahead
     assert ring[0] / two_level[0] > ring[-1] / two_level[-1]  # the more, the slower between
-    heights = [bar.get_height() for bar in right.patches]  # ring all, between; two-level
-    assert heights == pytest.approx([2 * 63 / 64, 2 * 63 / 64, 2 * 63 / 64, 2 * 7 / 64])
+    heights = [bar.get_height() for bar in right.patches]  # in all, between; per algorithm
+    assert heights == pytest.approx([2 * 63 / 64, 2 * 63 / 64, 2 * 63 / 64, 2 * 63 / 64 / 8,
+                                     2 * 63 / 64, 2 * 7 / 64])
+    assert [t.get_text() for t in right.get_xticklabels()] == [
+        "ring, 1 channel", "ring, 8 channels", "two_level"]
     plt.close(fig)
 
 
@@ -475,6 +481,83 @@ def test_two_level_time_by_hand():
     assert flat.time_s == pytest.approx(2 * 63 * between.message_s(n / 64))
 
 
+def walk_ring_channels(per_node, nodes, numel):
+    """Every message of the L rings, one by one: (bytes each rank sends, the part that leaves
+    its node, and per step, each rank's largest message between nodes and its bytes inside)."""
+    world = per_node * nodes
+    sent, between = [0] * world, [0] * world
+    steps = [([0] * world, [0] * world) for _ in range(2 * (world - 1))]
+    for c, (start, end) in enumerate(chunk_bounds(numel, per_node)):  # ring c's part
+        order = [g * per_node + (c + 1 + j) % per_node for g in range(nodes)
+                 for j in range(per_node)]  # ring c leaves each node from place c
+        chunks = sizes_of(end - start, world)
+        for s, (shift, step) in enumerate((shift, step) for shift in (1, 0)
+                                          for step in range(world - 1)):
+            for p, rank in enumerate(order):
+                nbytes, to = chunks[(p - step - shift) % world], order[(p + 1) % world]
+                sent[rank] += nbytes
+                if rank // per_node != to // per_node:
+                    between[rank] += nbytes
+                    steps[s][0][rank] = max(steps[s][0][rank], nbytes)
+                else:
+                    steps[s][1][rank] += nbytes
+    return sent, between, steps
+
+
+@pytest.mark.parametrize("per_node, nodes", [(1, 5), (2, 3), (4, 1), (4, 4), (8, 8), (3, 7)])
+def test_ring_channels_bytes_walked_message_by_message(per_node, nodes):
+    """Each ring sends 2(N-1)/N of its part; every rank leaves its node in exactly one ring."""
+    world = per_node * nodes
+    for numel in NUMELS + [world * per_node * 1000]:
+        run = simulate("ring_channels", world, 4 * numel, Cluster(per_node, NVLINK, IB))
+        sent, between, _ = walk_ring_channels(per_node, nodes, numel)
+        assert (list(run.bytes_sent), list(run.bytes_between_nodes)) == (sent, between)
+        if numel % (world * per_node) == 0:  # even: the ring's bytes, 1/L of them between
+            assert run.bytes_sent == simulate("ring", world, 4 * numel, IB).bytes_sent
+            assert all(b * world * per_node == 2 * (world - 1) * 4 * numel * (nodes > 1)
+                       for b in run.bytes_between_nodes)
+
+
+@pytest.mark.parametrize("per_node, nodes", [(2, 3), (4, 1), (4, 4), (3, 7), (1, 6)])
+def test_ring_channels_step_lasts_as_long_as_its_slowest_side(per_node, nodes):
+    """Even parts: each step, the adapter's one chunk or the L-1 chunks for the neighbour
+    inside, whichever takes longer. Uneven: never faster than the messages walked one by one."""
+    fast, slow = Link("fast", 1e3, 0.5), Link("slow", 1e2, 0.1)
+    world = per_node * nodes
+    for inside, between in ((fast, slow), (slow, fast)):
+        cluster = Cluster(per_node, inside, between)
+        for numel in (world * per_node, 7, 61):
+            _, _, steps = walk_ring_channels(per_node, nodes, numel)
+            walked = sum(max([between.message_s(b) for b in out if b]
+                             + [inside.message_s(b) for b in stay if b] + [0.0])
+                         for out, stay in steps)
+            time_s = simulate("ring_channels", world, 4 * numel, cluster).time_s
+            if numel % (world * per_node) == 0:
+                assert time_s == pytest.approx(walked)
+            assert time_s >= walked * (1 - 1e-12)
+
+
+def test_ring_channels_on_one_adapter_a_node_is_the_ring():
+    nodes = Cluster(1, NVLINK, IB)
+    for numel in (1, 1000, 1001):
+        flat, channels = (simulate(a, 8, 4 * numel, nodes) for a in ("ring", "ring_channels"))
+        assert channels.bytes_sent == flat.bytes_sent
+        assert channels.time_s == pytest.approx(flat.time_s, rel=1e-12)
+
+
+def test_ring_channels_and_two_level_by_hand():
+    """64 ranks, 1 GiB: a step of the L rings moves n/(L N) over the adapter and 7 such chunks
+    over NVLink at once; the two-level all-reduce runs its phases one after the other."""
+    inside, between, n = get_link(NVLINK), get_link(IB), 2**30
+    chunk = n / (8 * 64)
+    run = simulate("ring_channels", 64, n, H100_NODES)
+    assert run.time_s == pytest.approx(2 * 63 * max(between.message_s(chunk),
+                                                    inside.message_s(7 * chunk)))
+    assert max(run.bytes_between_nodes) * 64 * 8 == 2 * 63 * n  # 2(N-1)/N of a part of n/L
+    added = simulate("ring_channels", 64, n, H100_NODES, reduce_bytes_per_s=1e12).time_s
+    assert added == pytest.approx(run.time_s + 63 * 8 * chunk / 1e12)  # one chunk of each ring
+
+
 def test_bytes_between_nodes_are_counted_message_by_message():
     run = simulate("naive", 16, 4000, H100_NODES)  # ranks 8-15 send to rank 0 across
     assert run.bytes_between_nodes == (8 * 4000,) + (0,) * 7 + (4000,) * 8
@@ -527,3 +610,28 @@ def test_notebook_06b_claims_about_bandwidth_and_topology():
         gain[between] = flat / two
     assert gain["InfiniBand HDR 200 Gb/s"] > gain[IB] > 4 and 1 < gain[NVLINK] < 1.03
     assert gain[IB] == pytest.approx(4.8, abs=0.05) and gain["InfiniBand HDR 200 Gb/s"] > 6
+
+
+def test_notebook_06b_claims_two_level_against_a_ring_per_adapter():
+    """The fair baseline: the flat ring in 8 channels, one per adapter. At 1 GiB on 64 ranks it
+    beats the two-level all-reduce on every link between nodes; the two-level one wins below a
+    size that grows with N (its 2(L-1) + 2(G-1) steps against 2(N-1)), at 4,096 ranks up to
+    1 GiB; and it sends fewer bytes between nodes, 2(G-1)/N of the tensor against 2(N-1)/(N L)."""
+    for between in ("InfiniBand HDR 200 Gb/s", IB, NVLINK):
+        nodes = Cluster(8, NVLINK, between)
+        flat, channels, two = (simulate(a, 64, 2**30, nodes)
+                               for a in ("ring", "ring_channels", "two_level"))
+        assert channels.time_s < two.time_s < flat.time_s
+        assert channels.bytes_sent == two.bytes_sent == flat.bytes_sent
+        assert max(two.bytes_between_nodes) < max(channels.bytes_between_nodes)
+        assert max(channels.bytes_between_nodes) * 8 == max(flat.bytes_between_nodes)
+    assert flat.time_s / channels.time_s > 1.1  # NVLink between too: 8 links, not 1
+    two_level_up_to = {}
+    for n in (64, 512, 4096):
+        ranges = crossovers(H100_NODES, n, algorithms=("two_level", "ring_channels"), points=16)
+        assert ranges[0].algorithm == "two_level"
+        two_level_up_to[n] = ranges[0].high_bytes
+        assert [r.algorithm for r in ranges] == (["two_level", "ring_channels"] if n < 4096
+                                                 else ["two_level"])
+    assert 16 << 20 < two_level_up_to[64] < 32 << 20  # about 23 MB
+    assert two_level_up_to[64] < two_level_up_to[512] < two_level_up_to[4096] == GIB

@@ -27,7 +27,8 @@ from course_lib.lessons.network_sim import (
 
 COLOURS = {"naive": "tab:red", "ring": "tab:blue", "recursive_doubling": "tab:green",
            "tree": "tab:purple", "halving_doubling": "tab:orange", "two_level": "tab:brown",
-           "torch": "black"}
+           "ring_channels": "tab:cyan", "torch": "black"}
+ON_NODES = ("ring", "ring_channels", "two_level")  # plot_topology's three, on a Cluster
 
 
 def plot_algorithms(link: Link | str, world_size: int, *, low_bytes: int = 1 << 10,
@@ -102,7 +103,8 @@ def plot_bandwidth_optimal(link: Link | str, world_size: int, *, low_bytes: int 
 
 def plot_topology(inside: Link | str, between: Link | str, world_size: int, nbytes: int, *,
                   ranks_per_node: int = 8, points: int = 13):
-    """A flat ring and a two-level all-reduce on nodes of ``ranks_per_node``; the Figure.
+    """A flat ring in one channel, the flat ring in one channel per adapter (ring_channels)
+    and a two-level all-reduce, on nodes of ``ranks_per_node``; the Figure.
 
     Left: time against the bandwidth between nodes, from a quarter of ``between``'s to the
     bandwidth inside a node (the latency stays ``between``'s). Right: with ``between`` itself,
@@ -113,11 +115,13 @@ def plot_topology(inside: Link | str, between: Link | str, world_size: int, nbyt
     inside, between = get_link(inside), get_link(between)
     low, high = between.bandwidth_bytes_per_s / 4, inside.bandwidth_bytes_per_s
     bandwidths = [low * (high / low) ** (i / (points - 1)) for i in range(points)]
+    labels = {"ring": "ring, 1 channel", "ring_channels": f"ring, {ranks_per_node} channels",
+              "two_level": "two_level"}
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name in ("ring", "two_level"):
+    for name in ON_NODES:
         times = [simulate(name, world_size, nbytes, Cluster(ranks_per_node, inside, Link(
             f"{b / 1e9:.0f} GB/s", b, between.latency_s))).time_s for b in bandwidths]
-        left.loglog([b / 1e9 for b in bandwidths], times, "o-", ms=3, label=name,
+        left.loglog([b / 1e9 for b in bandwidths], times, "o-", ms=3, label=labels[name],
                     color=COLOURS[name])
     for link in (between, inside):  # the named links, where the sweep meets them
         left.axvline(link.bandwidth_bytes_per_s / 1e9, color="grey", ls=":", lw=1)
@@ -129,13 +133,13 @@ def plot_topology(inside: Link | str, between: Link | str, world_size: int, nbyt
     left.set(xlabel="bandwidth between nodes (GB/s each way)", ylabel="seconds per all-reduce",
              title=f"{world_size} ranks, {ranks_per_node} per node, {nbytes:,} bytes")
     runs = [simulate(name, world_size, nbytes, Cluster(ranks_per_node, inside, between))
-            for name in ("ring", "two_level")]
+            for name in ON_NODES]
     for i, run in enumerate(runs):
         right.bar(i - 0.2, run.max_bytes_sent / nbytes, width=0.4, color=COLOURS[run.algorithm],
                   label="in all" if i == 0 else None)
         right.bar(i + 0.2, max(run.bytes_between_nodes) / nbytes, width=0.4, color="tab:grey",
                   label=f"between nodes ({between.name})" if i == 0 else None)
-    right.set_xticks(range(len(runs)), [run.algorithm for run in runs])
+    right.set_xticks(range(len(runs)), [labels[run.algorithm] for run in runs])
     right.set(ylabel="tensors the busiest rank sends", ylim=(0, 2.6),
               title="bytes sent, as multiples of the tensor")
     for ax in (left, right):

@@ -155,6 +155,42 @@ def two_level(n: int, numel: int, element_size: int, net: Network) -> tuple[floa
     return time_s, steps
 
 
+def ring_channels(n: int, numel: int, element_size: int, net: Network) -> tuple[float, int]:
+    """A flat ring in L channels, one per adapter, as NCCL runs its rings on nodes of L ranks.
+
+    The tensor is cut into L parts (as chunk_bounds cuts); part c goes round its own ring of
+    all N ranks. Ring c visits each node's places c+1, c+2, .., c (mod L), so it leaves every
+    node from place c: each rank is the exit of one ring, on its own adapter. Rank g L + i
+    always sends to place i+1 of its node, except in ring i, where it sends to the next node.
+    The rings step together: in one step a rank sends ring i's chunk between nodes and the
+    other L-1 rings' chunks to its neighbour in the node, at once (one latency, their bytes).
+    A step lasts as long as its slowest message, counted with the largest chunk.
+    """
+    per_node = net.cluster.ranks_per_node
+    nodes = n // per_node
+    parts = chunk_sizes(numel, per_node)  # elements of each ring's part
+    biggest = -(-parts[0] // n) * element_size  # ring 0's largest chunk: the largest of all
+    inside, between = net.cluster.inside, net.cluster.between
+    if nodes == 1:  # every ring closes inside the node: all L chunks go to the same neighbour
+        step_s = inside.message_s(per_node * biggest)
+    else:  # one chunk over the adapter; the other L-1 to the neighbour in the node, at once
+        step_s = max(between.message_s(biggest),
+                     inside.message_s((per_node - 1) * biggest) if per_node > 1 else 0.0)
+    add_s = net.add_s(per_node * biggest)  # a rank adds one chunk of each ring
+    time_s = (n - 1) * (step_s + add_s) + (n - 1) * step_s  # reduce-scatter, then all-gather
+    net.bytes_sent, net.bytes_between_nodes = [0] * n, [0] * n
+    for c, part in enumerate(parts):
+        sent = ring_bytes(part, n, element_size)  # by position on ring c
+        for g in range(nodes):
+            for j in range(per_node):  # position g L + j is place (c + 1 + j) mod L
+                rank = g * per_node + (c + 1 + j) % per_node
+                net.bytes_sent[rank] += sent[g * per_node + j]
+                if j == per_node - 1 and nodes > 1:  # ring c leaves the node from place c
+                    net.bytes_between_nodes[rank] += sent[g * per_node + j]
+    net.messages_sent = [2 * (n - 1) * per_node] * n  # one per ring per step
+    return time_s, 2 * (n - 1)
+
+
 def tree(n: int, numel: int, element_size: int, net: Network,
          pieces: int) -> tuple[float, int]:
     """Binary tree, rank r's children 2r+1 and 2r+2: reduce to rank 0, then broadcast.

@@ -9,6 +9,7 @@ all-reduce's schedule over N ranks and adds up the time. Plain Python: no proces
     network_sim.crossovers("InfiniBand NDR 400 Gb/s", 1024)  # which algorithm wins where
     nodes = Cluster(8, "NVLink 4 (H100)", "InfiniBand NDR 400 Gb/s")  # links.Cluster
     network_sim.simulate("two_level", 512, 64 * 2**20, nodes).bytes_between_nodes
+    network_sim.simulate("ring_channels", 512, 64 * 2**20, nodes).time_s  # a ring per adapter
 
 Its plots are in ``course_lib.lessons.network_plots``.
 
@@ -29,7 +30,11 @@ The algorithms (the first three as ``course_lib.core.collectives`` runs them):
 - two_level (on a ``Cluster``): a ring reduce-scatter inside each node, then, for each chunk,
   a ring all-reduce across the nodes of the ranks that hold it, then a ring all-gather inside
   each node. Only 2(G-1)/N of the tensor leaves each rank's node (G nodes), where a flat
-  ring's boundary ranks send all of their 2(N-1)/N between nodes.
+  ring's boundary ranks send all of their 2(N-1)/N between nodes;
+- ring_channels (on a ``Cluster`` of L ranks a node): the flat ring in L channels, as NCCL
+  runs it with one adapter per GPU. The tensor is cut into L parts, each all-reduced by its own
+  ring of all N ranks; ring c leaves each node from place c, so every adapter carries one
+  ring's 2(N-1)/N of its part, and the rings' steps inside the nodes run at the same time.
 
 The network model (``course_lib.lessons.links``):
 - each rank has one full-duplex link (one of each kind on a ``Cluster``): it can send one
@@ -42,10 +47,11 @@ The network model (``course_lib.lessons.links``):
   beyond a ``Cluster``'s two links, no congestion in switches, no noise. The ring is not cut
   into slices as fast_ring.py's is.
 
-The rings (ring, two_level) are simulated step by step (every step uses each side of every
-link once, so a step lasts as long as its slowest message); the others message by message,
-each message starting when its data is ready and both sides are free, in the order the
-schedule lists them.
+The rings (ring, two_level, ring_channels) are simulated step by step (every step uses each
+side of every link once, so a step lasts as long as its slowest message; ring_channels' rings
+hand their chunks for one neighbour over together, as one message); the others message by
+message, each message starting when its data is ready and both sides are free, in the order
+the schedule lists them.
 """
 
 from __future__ import annotations
@@ -59,11 +65,13 @@ from course_lib.lessons.cost_model import AlphaBeta
 from course_lib.lessons.links import Cluster, Link, Network, get_links, link_from_model
 from course_lib.lessons.network_schedules import chunk_sizes
 
-__all__ = ["ALGORITHMS", "ANY_WORLD_SIZE", "FLOAT32", "SizeRange", "Simulation", "chunk_sizes",
-           "crossovers", "fastest", "predict_rows", "simulate", "size_grid", "time_of"]
+__all__ = ["ALGORITHMS", "ANY_WORLD_SIZE", "FLOAT32", "ON_NODES", "SizeRange", "Simulation",
+           "chunk_sizes", "crossovers", "fastest", "predict_rows", "simulate", "size_grid",
+           "time_of"]
 
 ANY_WORLD_SIZE = ("naive", "ring", "recursive_doubling", "tree")  # fastest's default race
-ALGORITHMS = ANY_WORLD_SIZE + ("halving_doubling", "two_level")
+ALGORITHMS = ANY_WORLD_SIZE + ("halving_doubling", "two_level", "ring_channels")
+ON_NODES = ("two_level", "ring_channels")  # these need a Cluster
 FLOAT32 = 4  # bytes per element: the course's tensors are float32
 
 
@@ -106,9 +114,9 @@ def _check_network(algorithm: str, world_size: int, links: Link | Cluster) -> No
     if algorithm == "halving_doubling" and world_size & (world_size - 1):
         raise ValueError(f"halving_doubling pairs rank r with r XOR 2^k, so world_size must be a "
                          f"power of two, got {world_size}; recursive_doubling folds extra ranks")
-    if algorithm == "two_level" and not isinstance(links, Cluster):
-        raise ValueError("two_level needs nodes: pass a links.Cluster(ranks_per_node, inside, "
-                         "between) as the link")
+    if algorithm in ON_NODES and not isinstance(links, Cluster):
+        raise ValueError(f"{algorithm} needs nodes: pass a links.Cluster(ranks_per_node, "
+                         "inside, between) as the link")
     if isinstance(links, Cluster) and world_size % links.ranks_per_node:
         raise ValueError(f"world_size={world_size} does not fill nodes of "
                          f"{links.ranks_per_node} ranks; pass a multiple of ranks_per_node")
@@ -123,6 +131,7 @@ def simulate(algorithm: str, world_size: int, nbytes: int, link: Link | str | Cl
     or a ``Cluster`` of nodes. ``steps``: naive 2(N-1) (rank 0's messages, one by one); ring
     2(N-1); recursive doubling log2 of the largest power of two <= N, plus a fold and an unfold
     otherwise; halving-doubling 2 log2(N); two-level 2(L-1) + 2(G-1) for G nodes of L ranks;
+    ring_channels 2(N-1), its L rings stepping together;
     tree 2 x its depth, plus 2 x (pieces - 1) when pipelined. A 1-rank all-reduce sends nothing.
     """
     _check(algorithm, world_size, nbytes, element_size)
@@ -135,6 +144,7 @@ def simulate(algorithm: str, world_size: int, nbytes: int, link: Link | str | Cl
     run = {"naive": schedules.naive, "ring": schedules.ring,
            "recursive_doubling": schedules.recursive_doubling,
            "halving_doubling": schedules.halving_doubling, "two_level": schedules.two_level,
+           "ring_channels": schedules.ring_channels,
            "tree": lambda *args: schedules.tree(*args, pieces=tree_pieces)}[algorithm]
     time_s, steps = (0.0, 0) if world_size == 1 else run(
         world_size, nbytes // element_size, element_size, net)
