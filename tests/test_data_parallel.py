@@ -19,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel
 from course_lib.core.buckets import MB, BucketedDataParallel, make_buckets, plan_buckets
 from course_lib.core.collectives import ring_all_reduce
 from course_lib.core.data_parallel import AllReducePerParameter
-from course_lib.core.overlap import OverlapDataParallel, tensors_in
+from course_lib.core.outputs import tensors_in, unseen_objects
+from course_lib.core.overlap import OverlapDataParallel
 from course_lib.lessons.timeline import overlap_summary
 from course_lib.runtime.launch import launch
 
@@ -304,3 +305,31 @@ def test_tensors_are_found_in_nested_outputs_as_ddp_finds_them():
     nested = {"x": a, "y": (b, [c, "text", None]), "z": Output(d, {"skip": 3})}
     assert [t.numel() for t in tensors_in(nested)] == [1, 2, 3, 4]
     assert tensors_in("text") == [] and tensors_in(a) == [a]
+
+
+def test_the_search_names_what_it_cannot_look_into():
+    class Cache:
+        pass
+
+    a = torch.zeros(1)
+    assert unseen_objects({"x": a, "n": 3, "s": "text", "none": None}) == []
+    assert unseen_objects((a, [Cache()])) == ["Cache"]
+    assert tensors_in(torch.Size([2, 3])) == []  # a shape is a tuple of ints, not a tensor
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_a_parameter_replaced_added_or_unfrozen_after_wrapping_is_refused(one_process_group,
+                                                                          wrapper):
+    changes = {"replaced": lambda m: setattr(m, "0", nn.Linear(3, 4)),
+               "new": lambda m: m.append(nn.Linear(2, 2)),
+               "unfrozen": lambda m: m[1].weight.requires_grad_(True)}
+    says = {"replaced": "parameter '0.weight' was replaced", "new": "parameter '2.weight' is new",
+            "unfrozen": "parameter '1.weight' was unfrozen"}
+    for change, make in changes.items():
+        module = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+        module[1].weight.requires_grad_(False)
+        model = wrapper(module, one_process_group)
+        make(module)
+        with pytest.raises(RuntimeError, match="changed after it was wrapped") as refused:
+            model(torch.randn(2, 3))
+        assert says[change] in str(refused.value), change

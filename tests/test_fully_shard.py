@@ -9,6 +9,7 @@ all-reduce's) and fp32 rounding differs by a few ulps (FP32), bf16 compute by a 
 (BF16). The small single-process tests at the end use a process group of one.
 """
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.core.fully_shard import MixedPrecisionPolicy, full_state_dict, fully_shard
+from course_lib.core.fully_shard import (
+    MixedPrecisionPolicy,
+    ShardedModule,
+    full_state_dict,
+    fully_shard,
+)
 from course_lib.runtime.launch import launch
 
 WORKER = str(Path(__file__).parent / "workers" / "sharding_check.py")
@@ -206,3 +212,65 @@ def test_wrapping_twice_and_mixed_dtypes_are_refused(one_process_group):
     mixed = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double())
     with pytest.raises(ValueError, match="one dtype, device and requires_grad"):
         fully_shard(mixed)
+
+
+def test_the_module_becomes_a_sharded_subclass_with_fsdp2s_methods(one_process_group):
+    model = wrapped()
+    block = model.blocks[0]
+    assert isinstance(block, ShardedModule) and isinstance(block, nn.Linear)
+    assert type(block).__name__ == "ShardedLinear" and type(model).__name__ == "ShardedTiny"
+    assert type(model.blocks[1]) is type(block)  # one class per wrapped class
+    for method in ("unshard", "reshard", "set_requires_gradient_sync", "finish_gradient_sync",
+                   "full_state_dict"):
+        assert method not in vars(block) and callable(getattr(block, method)), method
+    sliced = fully_shard(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))[:1]
+    assert type(sliced) is nn.Sequential  # a new module of a sharded class: the plain one
+    with pytest.raises(TypeError, match="cannot be deep-copied"):
+        copy.deepcopy(model)
+
+
+def test_unshard_and_reshard_are_the_modules_own(one_process_group):
+    plain, model = Tiny(), wrapped()
+    block = model.blocks[0]
+    block.unshard()
+    assert whole_bytes(model) == 4 * 20  # this block's values, not its parent's
+    assert torch.equal(block.weight, plain.blocks[0].weight)  # its view of the gathered vector
+    block.reshard()
+    assert whole_bytes(model) == 0
+    handle = block.unshard(async_op=True)  # returns at once; the next forward waits for it
+    handle.wait()
+    assert torch.equal(block.bias, plain.blocks[0].bias)
+    torch.testing.assert_close(model(torch.ones(1, 4)), plain(torch.ones(1, 4)))
+
+
+def test_accumulating_without_gradient_sync_matches_the_plain_model(one_process_group):
+    plain, model = Tiny(), wrapped()
+    xs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(k)) for k in range(2)]
+    for x in xs:
+        plain(x).square().mean().backward()
+    model.set_requires_gradient_sync(False)
+    model(xs[0]).square().mean().backward()
+    states = [m.shard_state for m in (model, *model.blocks)]
+    assert all(s.shard.grad is None and s.full.grad is not None for s in states)  # kept whole
+    assert whole_bytes(model) == 0  # the parameters are freed all the same
+    with pytest.raises(RuntimeError, match="set_requires_gradient_sync\\(True\\) before the last"):
+        model.finish_gradient_sync()
+    model.set_requires_gradient_sync(True)
+    model(xs[1]).square().mean().backward()
+    model.finish_gradient_sync()
+    assert all(s.full.grad is None for s in states)
+    full = {name: param.grad for name, param in plain.named_parameters()}
+    for module, prefix in ((model.blocks[0], "blocks.0."), (model.blocks[1], "blocks.1."),
+                           (model, "")):
+        state = module.shard_state
+        pieces = state.shard.grad.split([*state.numels, state.padding])[:-1]
+        for (_, where), piece in zip(state.places, pieces, strict=True):
+            name = prefix + where[0][2]
+            torch.testing.assert_close(piece.view_as(full[name]), full[name], rtol=0, atol=0)
+
+
+def test_recurse_false_leaves_the_modules_below_syncing(one_process_group):
+    model = wrapped()
+    model.set_requires_gradient_sync(False, recurse=False)
+    assert not model.shard_state.requires_gradient_sync
+    assert all(b.shard_state.requires_gradient_sync for b in model.blocks)

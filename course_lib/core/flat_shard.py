@@ -12,7 +12,9 @@ kept as 1/N of one flat vector per rank, whole only while the module computes.
 saved for backward see the numbers again after the next ``unshard()``. ``full`` is one autograd
 leaf: every use of every view adds its gradient into ``full.grad``, and autograd calls
 ``reduce_grad`` once per backward, when all are in (a module used twice is complete only after
-its first use's backward). There rank r keeps the mean of chunk r and frees the rest.
+its first use's backward). There rank r keeps the mean of chunk r and frees the rest. With
+``requires_gradient_sync`` False (FSDP2's ``set_requires_gradient_sync(False)``) it is not
+called: ``full.grad`` stays, and the next backward adds to it, until one with sync reduces all.
 
 Collectives (torch 2.13). All-gather: ``dist.all_gather_single``, a ring on Gloo as on NCCL
 (each rank sends N-1 shards to its neighbour), which can run in the background (prefetch.py).
@@ -72,9 +74,11 @@ class FlatShard:
         self.reduce_dtype = reduce_dtype or self.param_dtype  # reduce-scatter in this one
         self.full = torch.empty(n * s, dtype=self.param_dtype, device=flat.device)  # (N*s,)
         self.reshard()  # no memory until the module computes
+        self.pending = None  # the handle of an all-gather started early, not yet waited for
+        self.requires_gradient_sync = True  # False: backward keeps full.grad, reduces nothing
         if self.shard.requires_grad:
             self.full.requires_grad_(True)  # a leaf: the views' gradients add up in full.grad
-            self.full.register_post_accumulate_grad_hook(self.reduce_grad)
+            self.full.register_post_accumulate_grad_hook(self.gradient_done)
         for _, where in self.places:
             for owner, attribute, _ in where:
                 del owner._parameters[attribute]  # the views take their place when computing
@@ -100,8 +104,15 @@ class FlatShard:
         """Free ``full``'s memory (the tensor and its views stay, with nothing behind them)."""
         self.full.untyped_storage().resize_(0)
 
-    # The three moments fully_shard's hooks call (prefetch.py adds to each)
+    def wait_for_unshard(self) -> None:
+        """Wait for an all-gather started early (prefetch.py, ``module.unshard(async_op=True)``)."""
+        if self.pending is not None:
+            self.pending.wait()  # its numbers are in full now
+            self.pending = None
+
+    # The moments fully_shard's hooks call (prefetch.py adds to them)
     def before_forward(self) -> None:
+        self.wait_for_unshard()
         self.unshard()
         self.install_views()
 
@@ -110,7 +121,16 @@ class FlatShard:
             self.reshard()
 
     def before_backward(self) -> None:
+        self.wait_for_unshard()
         self.unshard()  # the views saved for backward see the numbers again
+
+    def gradient_done(self, full: torch.Tensor) -> None:
+        """Hook: every use's gradient is in ``full.grad``. Reduce it, or keep it whole while
+        gradient sync is off (the next backward adds to it)."""
+        if self.requires_gradient_sync:
+            self.reduce_grad(full)
+        else:
+            self.reshard()  # the parameters only: full.grad is a tensor of its own
 
     def install_views(self) -> None:
         """Every place that held a parameter now holds its view of ``full``: one view per
@@ -135,15 +155,3 @@ class FlatShard:
         else:
             self.shard.grad += mean  # gradient accumulation: several backward, one step
         self.reshard()
-
-    @torch.no_grad()
-    def full_params(self) -> dict[str, torch.Tensor]:
-        """Every parameter at full size in the shard's dtype (fp32: the master values, not the
-        param_dtype copies), by its name from the wrapped module. A collective."""
-        full = torch.empty(self.world_size * self.shard_numel, dtype=self.shard.dtype,
-                           device=self.shard.device)  # (N*s,)
-        dist.all_gather_single(full, self.shard.detach(), group=self.process_group)
-        pieces = full.split([*self.numels, self.padding])[:-1]  # the padding comes last
-        return {where[0][2]: piece.view(shape).clone()
-                for (_, where), piece, shape in zip(self.places, pieces, self.shapes,
-                                                    strict=True)}

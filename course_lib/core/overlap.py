@@ -9,20 +9,24 @@ backward) copies the gradient into its bucket and launches every bucket that is 
 ``finish_gradient_sync()`` waits for them. Buckets launch strictly in order, so every rank
 issues the same collectives in the same order, whatever order its hooks fire in.
 
+A gradient that comes after its bucket was sent cannot be in the sum: as DDP does, a parameter
+whose gradient arrives twice in one sync (a second backward through the same graph, or one that
+``find_unused_parameters`` counted as unused) is refused, by name. A synced forward that comes
+before ``finish_gradient_sync()`` first finishes the sync the last backward started, as DDP's
+backward ends with it.
+
     model = OverlapDataParallel(module, process_group=group, bucket_cap_mb=25)  # as the others
     ...; loss.backward(); model.finish_gradient_sync(); optimizer.step()
 """
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
-
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from course_lib.core.buckets import BucketedDataParallel, copy_out
 from course_lib.core.data_parallel import mark_unused
+from course_lib.core.outputs import tensors_in
 
 
 class OverlapDataParallel(BucketedDataParallel):
@@ -39,10 +43,13 @@ class OverlapDataParallel(BucketedDataParallel):
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         self.launched = []  # (bucket, handle of its all-reduce), in launch order
         self.ready = set()  # ids of the parameters whose gradient is in its bucket this step
+        self.counted_unused = 0  # of them, those forward counted in (find_unused_parameters)
         for param in self.params:
             param.register_post_accumulate_grad_hook(self.gradient_ready)  # NEW
 
     def forward(self, *inputs, **kwargs):
+        if self.sync_pending and len(self.ready) > self.counted_unused:  # a backward began
+            self.finish_gradient_sync()  # its sync: finish it first, as DDP's backward does
         output = super().forward(*inputs, **kwargs)  # decides whether this backward syncs
         if self.sync_pending:
             self.launched, self.ready = [], set()
@@ -51,14 +58,17 @@ class OverlapDataParallel(BucketedDataParallel):
             if self.find_unused_parameters:  # their hooks will not fire: count them in now
                 for param in params_outside(output, self.params):
                     self.gradient_ready(param)
+            self.counted_unused = len(self.ready)
         return output
 
     def gradient_ready(self, param: nn.Parameter) -> None:
         """Hook: ``param.grad`` is final. Copy it in; launch every bucket that is complete."""
         if not self.sync_pending:
             return  # inside no_sync(): gradients only accumulate in .grad
-        bucket = self.bucket_of[param]
+        if id(param) in self.ready:  # its bucket may be on its way already
+            raise RuntimeError(marked_twice(self.names[id(param)], self.find_unused_parameters))
         self.ready.add(id(param))
+        bucket = self.bucket_of[param]
         if param.grad is None:
             bucket.slot(param).zero_()  # unused here; other ranks may have used it
         else:
@@ -86,20 +96,25 @@ class OverlapDataParallel(BucketedDataParallel):
             handle.wait()  # the sum over the ranks is in the bucket now
             bucket.buffer.div_(self.world_size)  # the mean
             copy_out(bucket, skip=no_rank_used)
+        self.launched, self.ready = [], set()  # all taken
 
 
-def tensors_in(output) -> list[torch.Tensor]:
-    """Every tensor in a forward's output, however nested in tuples, lists, dicts and
-    dataclasses: where DDP looks for them."""
-    if torch.is_tensor(output):
-        return [output]
-    if isinstance(output, dict):
-        output = list(output.values())
-    elif is_dataclass(output) and not isinstance(output, type):
-        output = [getattr(output, f.name) for f in fields(output)]
-    if isinstance(output, (tuple, list)):
-        return [t for item in output for t in tensors_in(item)]
-    return []
+def marked_twice(name: str, find_unused_parameters: bool) -> str:
+    """DDP's error for a gradient that arrives twice in one sync, with our causes."""
+    start = (f"Expected to mark a variable ready only once: parameter {name!r} got a second "
+             "gradient before finish_gradient_sync(), after its bucket could have been sent. ")
+    if find_unused_parameters:
+        return start + ("find_unused_parameters=True found no path to it from forward's "
+                        "output and counted it as unused, but the loss used it anyway: "
+                        "outside forward (model.module..., a regulariser), or through an "
+                        "output the search cannot look into. Use it inside forward and return "
+                        "it in a tensor, list, tuple, dict or dataclass; if every parameter "
+                        "takes part in every backward, pass find_unused_parameters=False, as "
+                        "DDP advises")
+    return start + ("A second backward through the same graph (retain_graph=True), or a "
+                    "parameter reused in several reentrant backward passes (checkpoint), makes "
+                    "this. Add the losses and call backward once, or run the earlier backward "
+                    "inside no_sync() (its forward too)")
 
 
 def params_outside(output, params: list[nn.Parameter]) -> list[nn.Parameter]:

@@ -9,10 +9,10 @@ first step we know which module comes next, and can start its all-gather early:
     backward  module i's backward starts: wait for its own, launch the next one's in backward
 
 ``dist.all_gather_single(..., async_op=True)`` returns at once with a handle; Gloo runs the
-collective on its own thread while this one computes (NCCL on its own stream). The only other
-changes: ``unshard()`` waits for the handle of a prefetch, and the orders are recorded at the
-first step (forward: the order of the pre-hooks; backward: the reverse order of the post-hooks,
-the root first). The price: two modules are whole at once instead of one.
+collective on its own thread while this one computes (NCCL on its own stream); a module waits
+for its own handle before it computes (``FlatShard.wait_for_unshard``). The orders are recorded
+at the first step (forward: the order of the pre-hooks; backward: the reverse order of the
+post-hooks, the root first). The price: two modules are whole at once instead of one.
 
     from course_lib.core.prefetch import fully_shard     # instead of core.fully_shard's
 """
@@ -42,15 +42,8 @@ class PrefetchingShard(FlatShard):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.pending = None  # the handle of a prefetched all-gather, not yet waited for
         self.schedule = Schedule()  # the root's, once the root is wrapped
-        self.reduced = False  # from reduce_grad to the next forward: prefetching would be wrong
-
-    def unshard(self, async_op: bool = False) -> dist.Work | None:
-        if self.pending is not None:
-            self.pending.wait()  # the prefetch launched earlier: its numbers are in full now
-            self.pending = None
-        return super().unshard(async_op)
+        self.reduced = False  # from its backward's end to the next forward: do not prefetch it
 
     def prefetch(self, state: PrefetchingShard | None) -> None:
         if state is not None and state.pending is None and not state.is_unsharded():
@@ -81,9 +74,9 @@ class PrefetchingShard(FlatShard):
         later = order[order.index(self) + 1:] if self in order else []
         self.prefetch(next((s for s in later if not s.reduced), None))  # not done this step
 
-    def reduce_grad(self, full) -> None:
-        super().reduce_grad(full)
-        self.reduced = True
+    def gradient_done(self, full) -> None:
+        super().gradient_done(full)
+        self.reduced = True  # reduced, or kept while gradient sync is off
 
 
 def fully_shard(module: nn.Module, *, process_group: dist.ProcessGroup | None = None,

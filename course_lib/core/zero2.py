@@ -17,8 +17,13 @@ rank r's inner optimizer steps chunk r of every bucket (element-wise optimizers:
 Per rank, fp32 AdamW: parameters 4 bytes each, gradients 4/N, optimizer state 8/N. Sent: a
 reduce-scatter and an all-gather, (N-1)/N each: one all-reduce, as plain data parallelism
 (Gloo's ``reduce_scatter_single`` all-reduces, then slices: twice the bytes).
-Every rank reduces the same buckets in the same order, each after every earlier one;
-``finish_gradient_sync`` (``step`` calls it) reduces what backward left.
+Every rank reduces the same buckets in the same order, each after every earlier one. Each
+backward is reduced on its own: the first hook of a backward queues ``end_of_backward`` on
+autograd's engine (as DDP and FSDP2 do), which reduce-scatters the buckets this backward left
+incomplete, a missing gradient counting as zeros. So under accumulation every micro-step's
+gradients reach ``piece.grad``, a parameter unused in one micro-step included. The flat
+buffers are fixed when ``Zero2`` is built: ``step`` refuses parameters that are no longer views
+of them, or frozen since (convert, move and freeze the model first).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd import Variable
 
 from course_lib.core.buckets import MB, plan_buckets
 from course_lib.core.collectives import ring_all_gather, ring_reduce_scatter
@@ -96,12 +102,20 @@ class Zero2(torch.optim.Optimizer):
             group.update({k: v for k, v in mine.items() if k not in group})  # its defaults
         self.place = {p: (b, start) for b in self.buckets  # parameter -> its bucket, offset
                       for p, start in zip(b.params, b.offsets, strict=True)}
+        self.names = {p: f"param group {g}, parameter {i} (shape {tuple(p.shape)})"
+                      for g, group in enumerate(self.param_groups)
+                      for i, p in enumerate(group["params"])}  # for errors
+        self.built = {p: (p.data_ptr(), p.dtype, p.requires_grad) for p in self.place}
         self.reduced = 0  # buckets reduce-scattered in this backward, in order
+        self.in_backward = False  # True from a backward's first gradient to its end
         for p in self.place:
             p.register_post_accumulate_grad_hook(self.gradient_ready)
 
     def gradient_ready(self, param: nn.Parameter) -> None:
         """Hook: copy ``param.grad`` into its bucket and free it; reduce what is complete."""
+        if not self.in_backward:  # its first gradient: reduce what is left when it ends
+            self.in_backward = True
+            Variable._execution_engine.queue_callback(self.end_of_backward)
         bucket, start = self.place[param]
         if bucket.grads is None:
             bucket.grads = torch.zeros_like(bucket.flat)  # (N*s,) zeros: padding adds nothing
@@ -116,14 +130,34 @@ class Zero2(torch.optim.Optimizer):
         grads = bucket.grads if bucket.grads is not None else torch.zeros_like(bucket.flat)
         self.bucket_hook(grads, bucket.piece, self.process_group)  # my chunk's mean, kept
         bucket.grads, bucket.waiting = None, len(bucket.params)  # ready for the next backward
-        self.reduced = (self.reduced + 1) % len(self.buckets)  # all done: the next backward
+        self.reduced += 1
+
+    def end_of_backward(self) -> None:
+        """Reduce-scatter, in order, the buckets this backward left (a parameter it did not
+        reach counts as zeros); the next backward starts afresh."""
+        for bucket in self.buckets[self.reduced:]:
+            self.reduce_scatter(bucket)
+        self.reduced, self.in_backward = 0, False
 
     def finish_gradient_sync(self) -> None:
-        """After backward: reduce-scatter, in order, the buckets it left incomplete."""
-        if self.reduced == 0 and all(b.grads is None for b in self.buckets):
-            return  # every bucket was reduced in backward (or no backward came)
-        for bucket in self.buckets[self.reduced:]:
-            self.reduce_scatter(bucket)  # a missing gradient counts as zeros
+        """After backward: every bucket was reduced by then (``end_of_backward``); kept so that
+        a loop written for the course's other wrappers runs unchanged."""
+        if self.in_backward:  # a backward's end did not come (it raised): reduce what it left
+            self.end_of_backward()
+
+    def check_unchanged(self) -> None:
+        """Refuse to step parameters that are no longer views of the flat buffers, or whose
+        dtype or requires_grad changed since Zero2 was built: the step would miss them."""
+        for p in self.names:  # in the order the parameters were given
+            address, dtype, trained = self.built[p]
+            if (p.data_ptr(), p.dtype, p.requires_grad) != (address, dtype, trained):
+                now = ("frozen (requires_grad_(False)): it would still get a gradient of zeros, "
+                       "which momentum and weight decay act on" if trained and
+                       not p.requires_grad else f"{p.dtype}, in other memory: the step would "
+                       "update Zero2's flat buffer, not it")
+                raise RuntimeError(f"Zero2: {self.names[p]} changed after Zero2 was built; it "
+                                   f"is now {now}. Make every change first (model.to(dtype or "
+                                   "device), requires_grad_(), p.data = ...), then build Zero2")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -132,6 +166,7 @@ class Zero2(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.check_unchanged()
         self.finish_gradient_sync()
         for mine, group in zip(self.inner.param_groups, self.param_groups, strict=True):
             mine.update({k: v for k, v in group.items() if k != "params"})  # lr, ...
