@@ -106,3 +106,19 @@ def test_the_first_served_launch_is_a_kernels_first_or_a_shells_second(in_kernel
     monkeypatch.setattr(agent_server.subprocess, "Popen", lambda *a, **k: started.append(a))
     agent_server.start_agent(["python", "-m", "x", "agent"], {}, os.devnull, None, {})
     assert (len(spawned), len(started)) == ((1, 0) if in_kernel else (0, 1))
+
+
+def test_the_launchers_child_and_its_server_do_not_import_each_other():
+    """What both need is in runtime/agent.py; an import inside a function counts too."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(agent_server.__file__).parent
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+
+    assert "course_lib.runtime.launch_child" not in imports("agent_server")
+    assert "course_lib.runtime.agent_server" not in imports("agent")
+    assert "course_lib.runtime.launch_child" not in imports("agent")

@@ -30,6 +30,8 @@ import threading
 import time
 import traceback
 
+from course_lib.runtime.agent import PRELOAD, default_signal_handlers, die_with_parent, run_agent
+
 # read when torch is imported (thread pools, logging, devices): a launch that sets one of these
 # gets an agent of its own
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "CUDA_", "LD_", "PYTHON",
@@ -51,12 +53,8 @@ def import_time_variables(env: dict) -> dict:
 
 def serve() -> None:
     """Import torchrun once, then fork an agent for each request until stdin closes."""
-    from course_lib.runtime.launch_child import die_with_parent
-
     die_with_parent()
     import torch.distributed.run  # noqa: F401 - the reason this process exists
-
-    from course_lib.runtime.launch_child import PRELOAD
 
     for name in PRELOAD:  # what every rank would import again: once here instead (a first
         # launch's fresh agent does not: a process that launches once might never need it)
@@ -106,8 +104,6 @@ def _fork_agent(request: dict, start_dir: str) -> int:
         os.environ.update(request["env"])
         if sys.path and sys.path[0] == start_dir:
             sys.path[0] = request["cwd"]  # `python -m` puts the working folder first
-        from course_lib.runtime.launch_child import default_signal_handlers, run_agent
-
         default_signal_handlers()
         sys.argv = ["torchrun", *request["argv"]]
         run_agent(request["argv"])

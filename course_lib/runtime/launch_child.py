@@ -8,78 +8,32 @@
   runs TARGET as ``__main__`` and records how the rank ended in ``RUN_DIR/rank{R}.exit``.
   The launcher reads those files to stream output and name a failing rank.
 
+- ``launch_child server`` is the agent server (``agent_server.serve``), which forks agents.
+
 A forked rank inherits every module the agent has imported. ``COURSE_PRELOAD`` (module names,
 comma-separated, in the launch's environment) names more for the agent to import before it forks
-the ranks, so that no rank imports them again (``preload_modules``); the agent server imports
-``PRELOAD`` once for every launch it serves (``agent_server.serve``).
+the ranks, so that no rank imports them again (``agent.preload_modules``); the agent server
+imports ``PRELOAD`` once for every launch it serves. What the agent, the server and the ranks
+all do (``die_with_parent``, ``run_agent``, ...) is in ``agent.py``, which imports neither.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib
 import multiprocessing
 import os
 import runpy
-import signal
 import sys
-import threading
 import time
 import traceback
 
+from course_lib.runtime.agent import (  # noqa: F401 - PRELOAD_ENV: the launch's variable
+    PRELOAD_ENV,
+    default_signal_handlers,
+    die_with_parent,
+    run_agent,
+)
+from course_lib.runtime.agent_server import serve
 from course_lib.runtime.files import write_json_atomic
-
-PR_SET_PDEATHSIG = 1  # Linux prctl option: signal this process when its parent dies
-PRELOAD_ENV = "COURSE_PRELOAD"
-# What every rank that builds an optimizer or DDP imports (torch's optimizers import
-# torch._dynamo when the first one is made): 2 s of CPU per rank, paid once by the agent server.
-PRELOAD = ("torch._dynamo",)
-
-
-def die_with_parent() -> None:
-    """Exit as soon as the parent process goes away (Linux: at once; elsewhere: within 0.5 s)."""
-    parent = os.getppid()
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def forks_ranks(torchrun_args: list[str]) -> bool:
-    """Whether torchrun will fork the ranks from this process (``--start-method fork``)."""
-    return any(a == "--start-method" and b == "fork"
-               for a, b in zip(torchrun_args, torchrun_args[1:], strict=False))
-
-
-def preload_modules() -> list[str]:
-    """Import the modules ``COURSE_PRELOAD`` names, once, here in the agent; return their names.
-    A module imported here costs its CPU once, not once per rank.
-
-    Ranks forked after the agent had imported ``torch._dynamo`` used to hang now and then on
-    their way out (3 of 22 launches of ``demos/ddp_minimal.py``): a Gloo process group
-    destroyed while one of its threads waits for the GIL. ``keep_process_groups`` removes
-    that cause; ``tests/test_launch.py`` launches ddp_minimal again and again to hold it.
-    """
-    names = [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            sys.exit(f"{PRELOAD_ENV} names {name!r}, which cannot be imported ({e}); "
-                     f"correct or remove it")
-    return names
 
 
 def keep_process_groups() -> list:
@@ -112,17 +66,6 @@ def keep_process_groups() -> list:
     for module in (dist, distributed_c10d):
         module.new_group, module.destroy_process_group = new_group, destroy_process_group
     return kept
-
-
-def run_agent(torchrun_args: list[str]) -> None:
-    """Run torchrun's agent in this process."""
-    die_with_parent()
-    from torch.distributed.run import main
-
-    if forks_ranks(torchrun_args):
-        preload_modules()  # the ranks inherit them; fresh interpreters would not
-
-    main(torchrun_args)
 
 
 def redirect_output(log_path: str) -> None:
@@ -169,14 +112,6 @@ def hand_back_to_agent() -> None:
     os._exit(0)
 
 
-def default_signal_handlers() -> None:
-    """A rank forked from torchrun's agent inherits the agent's handlers (SIGTERM raising an
-    exception, ...); give it a fresh interpreter's, so that a signal ends it the same way."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     """One rank: tie to the agent, redirect output, run the target, record the exit."""
     default_signal_handlers()
@@ -216,8 +151,6 @@ def main(argv: list[str]) -> None:
     elif len(argv) >= 3 and argv[0] == "worker":
         run_worker(argv[1], argv[2], argv[3:])
     elif argv == ["server"]:
-        from course_lib.runtime.agent_server import serve
-
         serve()
     else:
         sys.exit("usage: python -m course_lib.runtime.launch_child "

@@ -29,15 +29,11 @@ import signal
 import torch
 import torch.distributed as dist
 
-from course_lib.train.config import ConfigError
+from course_lib.train.errors import CheckpointError
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CRASH_ENV = "COURSE_CRASH_IN_CHECKPOINT"  # fault drill: rank 0 is killed while writing this step
 KEYS = ("step", "model", "optimizer", "rng")  # what a resumed run reads
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used; the message names the file and what to do."""
 
 
 def checkpoint_path(directory: str) -> str:

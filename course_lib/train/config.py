@@ -20,16 +20,14 @@ from course_lib.runtime.worker import check_backend_fits, choose_backend
 from course_lib.tasks.batching import micro_batch_size
 from course_lib.tasks.models import TransformerConfig
 from course_lib.tasks.sequences import VOCAB, input_length
+from course_lib.train.checkpoint import check_checkpoint
+from course_lib.train.errors import ConfigError
 from course_lib.train.syncs import SYNCS
 
 TASKS = ("sequences",)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_MICRO_BATCH = 16
-
-
-class ConfigError(ValueError):
-    """An option that cannot work; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +210,4 @@ def check_config(config: TrainConfig, world_size: int, local_world_size: int | N
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if config.resume and config.checkpoint_dir is not None:
-        from course_lib.train.checkpoint import check_checkpoint  # it imports this module
-
         check_checkpoint(config.checkpoint_dir)  # an unreadable file: one line, before any rank
