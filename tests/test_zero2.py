@@ -3,6 +3,7 @@ process, on a process group of one: what does not need several ranks. Against to
 and 4 processes, with the bytes and the memory per rank: tests/test_fully_shard.py, which
 shares one launch per world size with ZeRO-3."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -93,3 +94,24 @@ def test_bf16_all_reduce_rounds_the_message_and_counts_half_the_bytes(one_proces
     relative = ((tensor - values).abs() / values.abs()).max().item()
     assert 0 < relative <= 2 ** -8  # bf16 keeps 8 significant bits: rounding errs by 2^-8
     assert bf16_all_reduce(values, one_process_group) is None  # as dist.all_reduce
+
+
+def test_a_frozen_layer_is_left_alone_and_a_later_change_refused(one_process_group):
+    plain, sharded = small_model(), small_model()
+    for model in (plain, sharded):
+        model[0].requires_grad_(False)  # frozen before Zero2 is built: no bucket, no hook
+    opt = torch.optim.AdamW(plain.parameters(), lr=0.01, weight_decay=0.1)
+    zero = Zero2(sharded.parameters(), torch.optim.AdamW, process_group=one_process_group,
+                 bucket_cap_mb=SMALL_MB, lr=0.01, weight_decay=0.1)
+    for model, optimizer in ((plain, opt), (sharded, zero)):
+        model(batch(0)).square().mean().backward()
+        optimizer.step()
+    for a, b in zip(plain.parameters(), sharded.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="cannot take a parameter group once built"):
+        zero.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+    sharded[0].weight.requires_grad_(True)
+    sharded(batch(1)).square().mean().backward()
+    with pytest.raises(RuntimeError, match="parameter 0 \\(shape \\(7, 5\\)\\) changed after "
+                                           "Zero2 was built; it is now trained"):
+        zero.step()

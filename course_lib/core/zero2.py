@@ -83,6 +83,7 @@ class Zero2(torch.optim.Optimizer):
                  process_group: dist.ProcessGroup | None = None,
                  bucket_cap_mb: float = 25.0, counter: ByteCounter | None = None,
                  bucket_hook=None, **defaults):
+        self.sharded = False  # add_param_group works until the buckets are made, below
         super().__init__(params, defaults)
         self.process_group, self.counter = process_group, counter  # counter: what I send
         self.bucket_hook = bucket_hook or partial(reduce_scatter_bucket, counter=counter)
@@ -90,7 +91,8 @@ class Zero2(torch.optim.Optimizer):
             process_group)
         self.buckets, inner_groups = [], []
         for group in self.param_groups:  # a bucket never mixes groups (lr, weight decay, ...)
-            last_first = group["params"][::-1]  # backward makes the last layer's first
+            trained = [p for p in group["params"] if p.requires_grad]  # frozen: left alone
+            last_first = trained[::-1]  # backward makes the last layer's first
             plan = plan_buckets([p.numel() * p.element_size() for p in last_first],
                                 [(p.dtype, p.device) for p in last_first], bucket_cap_mb * MB)
             mine = [make_bucket([last_first[i] for i in b], self.rank, self.world_size)
@@ -105,11 +107,20 @@ class Zero2(torch.optim.Optimizer):
         self.names = {p: f"param group {g}, parameter {i} (shape {tuple(p.shape)})"
                       for g, group in enumerate(self.param_groups)
                       for i, p in enumerate(group["params"])}  # for errors
-        self.built = {p: (p.data_ptr(), p.dtype, p.requires_grad) for p in self.place}
+        self.built = {p: (p.data_ptr(), p.dtype, p.requires_grad) for p in self.names}
         self.reduced = 0  # buckets reduce-scattered in this backward, in order
         self.in_backward = False  # True from a backward's first gradient to its end
         for p in self.place:
             p.register_post_accumulate_grad_hook(self.gradient_ready)
+        self.sharded = True
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Only while building: every parameter's place in a bucket is fixed after."""
+        if self.sharded:
+            raise RuntimeError("Zero2 cannot take a parameter group once built: every "
+                               "parameter already has its place in a bucket. Pass every group "
+                               "to Zero2(...) when you build it")
+        super().add_param_group(param_group)
 
     def gradient_ready(self, param: nn.Parameter) -> None:
         """Hook: copy ``param.grad`` into its bucket and free it; reduce what is complete."""
@@ -151,10 +162,14 @@ class Zero2(torch.optim.Optimizer):
         for p in self.names:  # in the order the parameters were given
             address, dtype, trained = self.built[p]
             if (p.data_ptr(), p.dtype, p.requires_grad) != (address, dtype, trained):
-                now = ("frozen (requires_grad_(False)): it would still get a gradient of zeros, "
-                       "which momentum and weight decay act on" if trained and
-                       not p.requires_grad else f"{p.dtype}, in other memory: the step would "
-                       "update Zero2's flat buffer, not it")
+                if trained != p.requires_grad:
+                    now = ("frozen (requires_grad_(False)): it would still get a gradient of "
+                           "zeros, which momentum and weight decay act on" if trained else
+                           "trained (requires_grad_(True)): no bucket holds it, nothing would "
+                           "step it")
+                else:
+                    now = (f"{p.dtype}, in other memory: the step would update Zero2's flat "
+                           "buffer, not it")
                 raise RuntimeError(f"Zero2: {self.names[p]} changed after Zero2 was built; it "
                                    f"is now {now}. Make every change first (model.to(dtype or "
                                    "device), requires_grad_(), p.data = ...), then build Zero2")
