@@ -15,9 +15,10 @@ with figures fixed in ``Machine`` so that every machine gets the same verdict:
 - compute: forward and backward each cost a fixed time plus a time per example, measured on
   the course's CPU (``capstone.measure_compute``); the micro-steps of a process run one after
   the other, then AdamW steps once;
-- communication: the alpha-beta model of notebooks 05 and 06b, with notebook 05's alpha and
-  beta; a ring all-reduce of n bytes on N processes costs 2(N-1) alpha + 2(N-1)/N n beta, a
-  reduce-scatter or an all-gather half of that (``capstone.play`` plays a step out).
+- communication: the alpha-beta model of notebooks 05 and 06b, with a frozen reference fit of
+  notebook 05's alpha and beta (one run on the course's CPU); a ring all-reduce of n bytes on
+  N processes costs 2(N-1) alpha + 2(N-1)/N n beta, a reduce-scatter or an all-gather half of
+  that (``capstone.play`` plays a step out).
 
 Memory is measured, as in notebook 02 (``capstone.memory_per_process``), each part divided as
 the ZeRO stage of notebook 10 says, plus what the sync keeps (``SYNC_PART``).
@@ -40,11 +41,12 @@ DDP_CAP_KIB = 25 * 1024  # DDP's default bucket_cap_mb, 25 MB
 
 @dataclass(frozen=True)
 class Machine:
-    """The figures a plan is priced with: the course's, measured once on its 2-core CPU and
-    fixed here (compute: ``capstone.measure_compute(repeats=50)``, rounded). Price with yours:
-    ``Machine(link=AlphaBeta(alpha, beta), **capstone.measure_compute())``."""
+    """The figures a plan is priced with: the course's frozen reference figures, measured once
+    on its 2-core CPU and fixed here (compute: ``capstone.measure_compute(repeats=50)``,
+    rounded; link: one fit of notebook 05's ping-pong, which differs from run to run). Price
+    with yours: ``Machine(link=AlphaBeta(alpha, beta), **capstone.measure_compute())``."""
 
-    link: AlphaBeta = AlphaBeta(alpha_s=38.7e-6, beta_s_per_byte=1 / 4.70e9)  # notebook 05's fit
+    link: AlphaBeta = AlphaBeta(alpha_s=38.7e-6, beta_s_per_byte=1 / 4.70e9)  # frozen reference fit
     forward_ms: float = 1.25  # the trainer's forward of a micro-batch, whatever its size ...
     forward_ms_per_example: float = 0.042  # ... plus this much per example in it
     backward_ms: float = 1.30  # the same for backward
