@@ -5,7 +5,7 @@
 # while building or when a page is read: every script and font is in OUT_DIR.
 #   scripts/build_site.sh [OUT_DIR]       build (installs what it needs the first time)
 #   scripts/build_site.sh --install-only  only make the site's environment current
-# Open OUT_DIR/index.html, or serve it: python -m http.server -d _site -b 127.0.0.1 8000
+# Then serve it, as a web host does:  python3 -m http.server -d _site -b 127.0.0.1 8000
 # The build tools (requirements-site.txt) live in their own environment, .venv-site (set
 # COURSE_SITE_VENV for another folder), apart from the course's .venv; MathJax 3 and the widgets'
 # HTML manager (site/vendor.txt) come from the npm registry with npm, once, into it. The student

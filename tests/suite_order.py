@@ -9,7 +9,9 @@ suite's speed depends on this list; a file it does not name keeps its place afte
 
 LONGEST_FIRST = (
     "tests/test_student_notebooks.py",  # 269 s: every student copy, open then answered
-    "tests/browser/", "tests/test_launch.py", "tests/test_scripts.py", "notebooks/06b_",
+    "tests/browser/", "tests/test_launch.py", "tests/test_scripts.py",
+    "tests/test_site.py",  # 45-50 s alone: the website built once, every page in Chromium
+    "notebooks/06b_",
     "notebooks/08_", "notebooks/07_", "tests/test_check_nb06_workspace.py",
     "tests/test_check_nb07_workspace.py", "tests/test_check_nb05_workspace.py",
     "tests/test_check_nb10_workspace.py", "tests/test_check_nb09_workspace.py", "notebooks/09_",
