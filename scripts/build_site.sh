@@ -55,8 +55,10 @@ print(base64.b64encode(hashlib.sha512(open(sys.argv[1], "rb").read()).digest()).
     fi
     tar -xzf "$tmp"/*.tgz -C "$tmp"
     mkdir -p "$dest/$folder"
-    # shellcheck disable=SC2086  # the paths are globs
-    (cd "$tmp/package" && cp -R --parents $paths "$dest/$folder/")
+    # shellcheck disable=SC2086  # the paths are globs, expanded inside the package
+    (cd "$tmp/package" && tar -cf - $paths) | (cd "$dest/$folder" && tar -xf -) \
+      || { echo "error: $spec lacks a path site/vendor.txt names: $paths" >&2
+           rm -rf "$tmp"; return 1; }
     echo "[site] vendored $spec into _vendor/$folder"
   done < "$ROOT/site/vendor.txt"
   rm -rf "$tmp"

@@ -49,7 +49,7 @@ READY_JS = """async () => {
     return area && area.classList.contains('widget-subarea')
       && area.querySelector('.jupyter-widgets');
   });
-  for (let waited = 0; !viewsShown() && waited < 20000; waited += 100) {
+  for (let waited = 0; !viewsShown() && waited < 60000; waited += 100) {
     await new Promise(done => setTimeout(done, 100));
   }
   if (document.querySelector('.math') && window.MathJax && MathJax.startup) {
@@ -197,6 +197,7 @@ def pages(site, server) -> dict[str, dict]:
 
             context.route("**/*", route)
             page = context.new_page()
+            page.set_default_timeout(120_000)  # a loaded 2-core machine, not a hang
             page.on("console", lambda msg: msg.type == "error" and seen[current["name"]][
                 "errors"].append(f"{msg.text} ({msg.location.get('url', '')})"))
             page.on("pageerror", lambda error: seen[current["name"]]["errors"].append(
