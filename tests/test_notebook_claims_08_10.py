@@ -1,12 +1,17 @@
 """The claims of notebooks 08-10 that no other test covers, checked again outside the
-notebooks: buckets and overlap, on this CPU and on an emulated link (08), a crash-safe
+notebooks: buckets and overlap, on this CPU and on an emulated link, and what a student copy
+hides until exercise 8.3 is passed (08), a crash-safe
 checkpoint and an exact resume, and the multi-node commands of the SLURM script (09), the ZeRO
 memory table (10).
 
 (ZeRO-1 itself: tests/test_zero.py; the hang lab: tests/test_hang_lab.py; no_sync, the
 sampler, SyncBatchNorm and our trainer against DDP: tests/test_ddp_practice.py.)"""
 
+import ast
+import inspect
+import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -15,18 +20,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from answer_edits import reference, skeleton
 from torch.distributed.run import get_args_parser
 
-from course_lib.core.buckets import MB, plan_buckets
+from course_lib.core.buckets import MB, BucketedDataParallel, plan_buckets
 from course_lib.demos.bucket_sweep import STRATEGIES, make_deep_mlp
 from course_lib.lessons.emulated_link import overlap_ahead, overlap_verdict
+from course_lib.lessons.show import outline
 from course_lib.lessons.timeline import overlap_summary
 from course_lib.lessons.timeline_plot import backward_end_s, comm_starts_before_backward_ends
 from course_lib.runtime.launch import launch
+from course_lib.runtime.workspace import load_file
 from course_lib.train.checkpoint import load_checkpoint
 from course_lib.train.config import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_08 = ROOT / "notebooks" / "08_bucketing_and_overlap.ipynb"
 SBATCH = ROOT / "scripts" / "slurm_train.sbatch"
 
 
@@ -39,6 +48,40 @@ def test_the_mlp_of_notebook_08_makes_four_one_megabyte_buckets():
     plan = plan_buckets(sizes[::-1], [None] * len(sizes), 1 * MB)
     assert len(plan) == 4
     assert all(sum(sizes[::-1][i] for i in bucket) <= MB for bucket in plan)
+
+
+def test_a_student_copy_of_08_hides_the_answers_of_8_1_and_8_3_until_they_are_passed(tmp_path):
+    """The library's bucket code shows as an outline until 8.3 is passed (no all-reduce, no copy
+    back), and 8.3's file leaves the bucket plan, 8.1's answer, to the learner: its __init__
+    decides nothing itself but calls plan_by_hand, whose body is the marked line. The reference
+    file's plan_by_hand is 8.1's rule, the library's plan_buckets."""
+    cells = json.loads(NOTEBOOK_08.read_text())["cells"]
+    shows = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"
+             and re.search(r"\bshow\((buckets|overlap)\.", "".join(c["source"]))]
+    assert len(shows) == 3 and all('exercise="8.3"' in s for s in shows), shows
+    shown = outline(inspect.getsource(BucketedDataParallel), "8.3")
+    assert "all_reduce(" not in shown and "copy_out(" not in shown
+
+    scaffold = tmp_path / "scaffold" / "my_hooks.py"
+    scaffold.parent.mkdir()
+    scaffold.write_text(skeleton("my_hooks.py"))
+    given = load_file(scaffold, "my_hooks_scaffold")
+    with pytest.raises(NotImplementedError):
+        given.plan_by_hand([4, 4], 8)
+    init = ast.parse(inspect.getsource(given.BucketHooks.__init__).strip())
+    assert "plan_by_hand" in {n.id for n in ast.walk(init) if isinstance(n, ast.Name)}
+    assert not any(isinstance(n, ast.Compare) for n in ast.walk(init))  # no rule of its own
+
+    answer = tmp_path / "answer" / "my_hooks.py"
+    answer.parent.mkdir()
+    answer.write_text(reference("my_hooks.py"))
+    sizes = [p.numel() * p.element_size() for p in make_deep_mlp(0, torch.device("cpu"))
+             .parameters()]
+    order = list(range(len(sizes)))[::-1]  # launch order: the last parameter first
+    for cap in (1 * MB, 0.25 * MB, 25 * MB):
+        plan = plan_buckets([sizes[i] for i in order], [None] * len(sizes), cap)
+        expected = [[order[i] for i in bucket] for bucket in plan]
+        assert load_file(answer, "my_hooks_answer").plan_by_hand(sizes, cap) == expected
 
 
 @pytest.fixture(scope="module")
