@@ -8,13 +8,15 @@ exercise is open. Skipped, with the reason, when Chromium is not installed.
 
 The site's environment (.venv-site) is installed by .ci/run before the suite; when it is
 missing, the build installs it first (about a minute). The last tests, not slow, check what
-scripts/build_site.sh refuses before it installs or builds anything.
+scripts/build_site.sh refuses before it installs or builds anything, and how site/stage.py
+rewrites links and widget state.
 """
 
 from __future__ import annotations
 
 import functools
 import http.server
+import importlib.util
 import os
 import posixpath
 import re
@@ -311,3 +313,48 @@ def test_build_site_never_replaces_a_folder_it_did_not_build(tmp_path):
     done = build_site(str(tmp_path))
     assert done.returncode == 2 and "is not a site this script built" in done.stderr, done.stderr
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def load_stage():
+    """site/stage.py, which lays out the site's source (not a package: loaded from its file)."""
+    spec = importlib.util.spec_from_file_location("site_stage", ROOT / "site" / "stage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stage_rewrites_a_jupyterlab_anchor_to_the_sites():
+    stage = load_stage()
+    other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "## 4. What a message costs: latency and bandwidth")])
+    anchors = {"05_x.ipynb": stage.headings(other)}
+    text = "see [notebook 05](05_x.ipynb#4.-What-a-message-costs:-latency-and-bandwidth)"
+    assert stage.fix_anchors(text, {}, anchors) == \
+        "see [notebook 05](05_x.ipynb#4-what-a-message-costs-latency-and-bandwidth)"
+
+
+def test_stage_links_a_file_off_the_site_to_the_repository(monkeypatch):
+    stage = load_stage()
+    text = "a [guide](README.md) and [00](00_a.ipynb), [web](https://example.org/x)"
+    on_site = {"notebooks/00_a.ipynb"}
+    monkeypatch.setenv("SITE_REPOSITORY_URL", "https://github.com/o/r")
+    assert stage.fix_links(text, "notebooks/07.ipynb", on_site) == \
+        "a [guide](https://github.com/o/r/blob/HEAD/notebooks/README.md) and [00](00_a.ipynb)," \
+        " [web](https://example.org/x)"
+    monkeypatch.setenv("SITE_REPOSITORY_URL", "")
+    assert stage.fix_links(text, "notebooks/07.ipynb", on_site).startswith("a guide and [00]")
+
+
+def test_stage_keeps_only_the_widget_state_a_saved_widget_shows():
+    stage = load_stage()
+    state = {"5e1": {"model_name": "IntSliderModel", "state": {"layout": "IPY_MODEL_1a7"}},
+             "1a7": {"model_name": "LayoutModel", "state": {}},
+             "ba5": {"model_name": "IntProgressModel", "state": {"layout": "IPY_MODEL_1a8"}},
+             "1a8": {"model_name": "LayoutModel", "state": {}}}  # model ids are hexadecimal
+    nb = nbformat.v4.new_notebook(metadata={"widgets": {stage.WIDGET_STATE: {"state": state}}})
+    cell = nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output(
+        "display_data", data={WIDGET_VIEW: {"model_id": "5e1"}})])
+    nb.cells.append(cell)
+    assert set(stage.shown_widgets(nb)) == {"5e1", "1a7"}  # the progress bar's left out
+    cell.outputs = []
+    assert stage.shown_widgets(nb) == {}
