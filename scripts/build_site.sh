@@ -118,7 +118,8 @@ log="$WORK/build.log"
 if ! SITE_VENDOR_DIR="$SITE_VENV/vendor" "$SITE_VENV/bin/jupyter-book" build "$WORK/src" \
     --path-output "$WORK" --builder html --warningiserror --keep-going >"$log" 2>&1; then
   cat "$log" >&2
-  echo "error: the site did not build; Sphinx's messages are above (full log: $log)" >&2
+  rm -rf "$WORK/_build"  # so that the next build reads every page again and warns again
+  echo "error: the site did not build; Sphinx's messages are above" >&2
   exit 1
 fi
 rm -rf "$out"

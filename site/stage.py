@@ -30,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.check.student_copy import NOTE, make_student_copy
+from course_lib.check.student_copy import NOTE, MalformedNotebook, make_student_copy
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -159,6 +159,9 @@ def stage(src: Path) -> list[str]:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python site/stage.py SRC")
-    names = stage(Path(sys.argv[1]))
+    try:
+        names = stage(Path(sys.argv[1]))
+    except MalformedNotebook as error:
+        sys.exit(f"error: {error}")
     print(f"[site] {len(names)} notebooks (student copies) and {len(PAGES)} pages laid out in "
           f"{sys.argv[1]}")

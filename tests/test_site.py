@@ -4,7 +4,8 @@ Chromium (Playwright over the system Chromium, as tests/browser does), 400 px wi
 notebook saved rendered as a widget, every plot loaded; it must make no request to any address
 but 127.0.0.1 (every request is routed, and any other is refused and reported), log no console
 error and not scroll sideways. The pages never show a solution or a solution marker, and each
-exercise is open. Skipped, with the reason, when Chromium is not installed.
+exercise is open. Skipped, with the reason, when Chromium is not installed, or npm is not and
+the site's scripts were never vendored.
 
 The site's environment (.venv-site) is installed by .ci/run before the suite; when it is
 missing, the build installs it first (about a minute). The last tests, not slow, check what
@@ -20,6 +21,7 @@ import importlib.util
 import os
 import posixpath
 import re
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -127,6 +129,10 @@ def site(tmp_path_factory) -> Path:
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"Chromium not found at {CHROMIUM}, so the website test is skipped; install "
                     "it (apt-get install chromium) or set COURSE_CHROMIUM")
+    venv = Path(os.environ.get("COURSE_SITE_VENV", ROOT / ".venv-site"))
+    if not shutil.which("npm") and not (venv / "vendor").is_dir():
+        pytest.skip("npm not found, so the site's scripts (MathJax, the widgets' HTML manager) "
+                    "cannot be vendored and the website test is skipped; install Node.js and npm")
     base = tmp_path_factory.mktemp("site")
     run = subprocess.run(["bash", "scripts/build_site.sh", str(base / "html")], cwd=ROOT,
                          capture_output=True, text=True, timeout=800,
