@@ -10,7 +10,7 @@ suite's speed depends on this list; a file it does not name keeps its place afte
 LONGEST_FIRST = (
     "tests/test_student_notebooks.py",  # 269 s: every student copy, open then answered
     "tests/browser/", "tests/test_launch.py", "tests/test_scripts.py",
-    "tests/test_site.py",  # 45-50 s alone: the website built once, every page in Chromium
+    "tests/test_site.py",  # 30-60 s: the website built once, every page read in Chromium
     "notebooks/06b_",
     "notebooks/08_", "notebooks/07_", "tests/test_check_nb06_workspace.py",
     "tests/test_check_nb07_workspace.py", "tests/test_check_nb05_workspace.py",
