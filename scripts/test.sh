@@ -53,7 +53,9 @@ start=$(date +%s)
 
 if [ "$what" != notebooks ]; then
   echo "== lint (ruff)"
-  run ruff check course_lib tests scripts || status=1
+  run ruff check course_lib tests scripts site || status=1
+  echo "== installed packages against what each declares (pip check)"
+  run python -m pip check || status=1
   chromium="${COURSE_CHROMIUM:-/usr/bin/chromium}"
   if [ -x "$chromium" ]; then
     echo "[browser] $chromium found: the JupyterLab browser test (tests/browser) runs with them"

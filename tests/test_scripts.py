@@ -165,7 +165,7 @@ def pytest_command(*options) -> list[str]:
     runs = [shlex.split(line[2:]) for line in done.stdout.splitlines() if line.startswith("+ ")]
     unit = [cmd for cmd in runs if cmd[:3] == ["python", "-m", "pytest"] and "tests" in cmd]
     assert len(unit) == 1, done.stdout
-    assert ["ruff", "check", "course_lib", "tests", "scripts"] in runs  # lint runs too
+    assert ["ruff", "check", "course_lib", "tests", "scripts", "site"] in runs  # lint runs too
     assert not any("--nbval" in cmd for cmd in runs)  # no notebooks
     return unit[0]
 
