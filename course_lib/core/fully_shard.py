@@ -114,10 +114,10 @@ class ShardedModule:
             state = getattr(module, "shard_state", None)
             if state is not None and state.full.grad is not None:
                 raise RuntimeError(
-                    f"{name or 'the root'} ({type(module).__name__}) holds gradients that were "
-                    "never reduce-scattered: the last backward ran with gradient sync off. Call "
-                    "set_requires_gradient_sync(True) before the last micro-step's backward, "
-                    "as with FSDP2")
+                    f"{name or 'the root'} ({type(module).__name__.removeprefix('Sharded')}) "
+                    "holds gradients that were never reduce-scattered: the last backward ran "
+                    "with gradient sync off. Call set_requires_gradient_sync(True) before the "
+                    "last micro-step's backward, as with FSDP2")
         finish_gradient_sync(self, self.shard_group, self.shard_counter)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -150,7 +150,8 @@ def shard_module(module: nn.Module, shard_class: type[FlatShard],
         state = shard_class(module, process_group, policy.param_dtype, policy.reduce_dtype)
         module.register_parameter("flat_shard", state.shard)
         module.shard_state = state
-        what = f"{type(module).__name__} ({', '.join(n for _, w in state.places for *_, n in w)})"
+        names = [name for _, where in state.places for _, _, name in where]
+        what = f"{type(module).__name__} ({', '.join(names)})"  # in its errors
         layout = layout_of(module.named_parameters(recurse=False))  # the flat shard, as made
         module.register_forward_pre_hook(partial(before_forward, state, policy, what, layout),
                                          with_kwargs=True)
