@@ -13,9 +13,9 @@ Shaped like ``torch.nn.parallel.DistributedDataParallel``, with its keywords
 ``bucket_cap_mb=``): it wraps the module; when built, it checks that every rank wraps alike
 parameters and broadcasts rank 0's; at each ``forward`` it decides whether the coming backward
 syncs (``no_sync()`` must wrap the forward too, as in DDP), and refuses a model changed since it
-was wrapped (another dtype or device, a parameter frozen, unfrozen, added or replaced): convert
-and freeze first, then wrap. Unlike DDP, the sync is an explicit call after ``loss.backward()``,
-so that you can read what it does. Buckets come next
+was wrapped (another dtype or device, a parameter frozen, unfrozen, added or replaced;
+``model_change.py``): convert and freeze first, then wrap. Unlike DDP, the sync is an explicit
+call after ``loss.backward()``, so that you can read what it does. Buckets come next
 (``buckets.py``), then buckets sent while backward runs (``overlap.py``).
 
 The all-reduce, the same default in all three wrappers: ``torch.distributed.all_reduce``, as in
@@ -27,13 +27,13 @@ train with the ring; any ``all_reduce(tensor, group=...)`` that leaves the sum i
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from course_lib.core.messages import check_same_shapes
+from course_lib.core.model_change import changed_after_wrapping, layout_of, what_changed
 
 SAME_MODEL = ("Every rank must wrap the same model: the same parameters and buffers, with the "
               "same shapes and dtypes, in the same order")
@@ -64,43 +64,6 @@ def grads_to_sync(params: list[nn.Parameter], group: dist.ProcessGroup | None,
     unused = mark_unused(params, group) if find_unused_parameters else [False] * len(params)
     return [(p, p.grad if p.grad is not None else torch.zeros_like(p))
             for p, skip in zip(params, unused, strict=True) if not skip]
-
-
-def layout_of(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple]:
-    """What a wrapper is built for: each parameter's name, identity, dtype, device, and whether
-    it is trained. Compared at each forward: a list comparison, no collective."""
-    return [(name, id(t), t.dtype, t.device, t.requires_grad) for name, t in named]
-
-
-def what_changed(before: list[tuple], named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """'' when ``named`` still has the layout ``before``; else the first change and what it
-    would do, in words."""
-    after = layout_of(named)
-    if after == before:
-        return ""
-    now = {entry[0]: entry for entry in after}
-    for name, ident, dtype, device, trained in before:
-        if name not in now or now[name][1] != ident:
-            return f"parameter {name!r} was replaced: its gradient would never be averaged"
-        if now[name][2:4] != (dtype, device):
-            new_dtype, new_device = now[name][2:4]
-            return (f"parameter {name!r} was {dtype} on {device} and is {new_dtype} on "
-                    f"{new_device} now: its gradient would go through what was made for the "
-                    "old one (rounded to the old dtype, or refused)")
-        if now[name][4] != trained:
-            return (f"parameter {name!r} was frozen (requires_grad_(False)): it would still "
-                    "get a gradient, which the optimizer acts on (even zeros move it through "
-                    "momentum and weight decay)"
-                    if trained else f"parameter {name!r} was unfrozen: its gradient would "
-                    "never be averaged, and the replicas would drift apart")
-    new = next(name for name in now if name not in {entry[0] for entry in before})
-    return f"parameter {new!r} is new: its gradient would never be averaged"
-
-
-def changed_after_wrapping(wrapper: str, change: str) -> RuntimeError:
-    return RuntimeError(f"{wrapper}: the model changed after it was wrapped: {change}. Make "
-                        "every change first (model.to(dtype or device), requires_grad_(), new "
-                        "layers), then wrap the model")
 
 
 class AllReducePerParameter(nn.Module):

@@ -54,9 +54,9 @@ import torch.distributed as dist
 from torch import nn
 
 from course_lib.core.collectives import ring_all_reduce
-from course_lib.core.data_parallel import changed_after_wrapping, layout_of, what_changed
 from course_lib.core.flat_shard import FlatShard, parameter_places
 from course_lib.core.messages import ByteCounter
+from course_lib.core.model_change import changed_after_wrapping, layout_of, what_changed
 from course_lib.core.outputs import tensors_in, unseen_objects
 
 
