@@ -33,11 +33,18 @@ def source_lines(text: str) -> list[str]:
 
 
 def with_links(title: str, links: str) -> str:
-    """The title cell with ``links`` as its second paragraph (replacing an older line)."""
+    """The title cell with ``links`` as a paragraph of its own (replacing an older line): right
+    under the title, or under the quoted line a deeper dive opens with."""
     lines = title.split("\n")
-    if len(lines) > 2 and lines[2].startswith(LINKS_START):  # [title, "", links, ...]
-        del lines[1:3]
-    return "\n".join([lines[0], "", links, *lines[1:]])
+    at = next((i for i, line in enumerate(lines) if line.startswith(LINKS_START)), None)
+    if at is not None:
+        del lines[at - 1:at + 1]  # the links and the empty line before them
+    at = 1
+    while at + 1 < len(lines) and lines[at] == "" and lines[at + 1].startswith(">"):
+        at += 1
+        while at < len(lines) and lines[at].startswith(">"):  # a deeper dive's marker
+            at += 1
+    return "\n".join([*lines[:at], "", links, *lines[at:]])
 
 
 def current(notebook: dict, name: str, repo: str) -> dict:
