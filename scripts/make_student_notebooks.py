@@ -129,12 +129,17 @@ def copy_assets(folder: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks to copy (default: every notebooks/NN*_*.ipynb)")
+                        help="notebooks to copy, as paths or names in notebooks/ (06, "
+                             "06_all_reduce_from_scratch.ipynb); default: every one")
     parser.add_argument("--out", type=Path, default=Path("student"), help="folder to write")
     parser.add_argument("--reset", action="store_true", help="replace edited copies too")
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
     ns = parser.parse_args(argv)
-    sources = ns.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+    try:
+        sources = [find_notebook(name) for name in ns.notebooks] or course_notebooks()
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if ns.check:
         return check_only(sources)
     try:
@@ -143,6 +148,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def course_notebooks() -> list[Path]:
+    return sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+
+
+def find_notebook(name: Path) -> Path:
+    """``name`` as given if it is a file, else the course's notebook it names: its file name
+    with or without ``.ipynb``, or its number (``06``, ``10b``)."""
+    if name.is_file():
+        return name
+    stem = name.name.removesuffix(".ipynb")
+    found = [nb for nb in course_notebooks() if nb.stem == stem or nb.stem.split("_")[0] == stem]
+    if len(found) != 1:
+        names = ", ".join(nb.name for nb in course_notebooks())
+        raise FileNotFoundError(f"no notebook {name}: give a path, or one of {names}")
+    return found[0]
 
 
 def check_only(sources: list[Path]) -> int:

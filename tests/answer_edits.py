@@ -13,6 +13,7 @@ that names the mistake on the line where it is made::
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import nbformat
@@ -60,3 +61,14 @@ def edited(text: str, edits) -> str:
         assert count == 1, f"{count} places hold {right!r}: make the edit's text unique"
         text = text.replace(right, wrong)
     return text
+
+
+def line_of(text: str, piece: str) -> int:
+    """The number of the first line of ``text`` that holds ``piece``."""
+    return next(i for i, line in enumerate(text.split("\n"), 1) if piece in line)
+
+
+def with_lines(words: str, text: str) -> str:
+    """``words`` with each ``{line:PIECE}`` replaced by the number of the line of ``text``
+    that holds PIECE first: what a hint about that text says."""
+    return re.sub(r"\{line:([^}]*)\}", lambda m: str(line_of(text, m.group(1))), words)

@@ -81,24 +81,28 @@ def file_hint(checker, path: str, **kwargs) -> str:
     return str(caught.value)
 
 
-def assert_names_its_mistake(hint: str, words: str, marks, world_size: int) -> None:
-    """``hint`` says ``words`` and where it was launched, and names no other mistake: of
-    ``marks`` (a phrase per mistake of the exercise) only the one that ``words`` holds."""
-    assert words in hint, hint
-    assert f"launched on {world_size} processes)" in hint, hint
-    named = [mark for mark in marks if mark in hint]
-    assert named == [next(mark for mark in marks if mark in words)], named
+def assert_hint_only(checker, answer, hint: str, mistakes) -> str:
+    """``checker(answer)`` fails with a report (checked as ``report_of`` checks it) that holds
+    ``hint`` and no other hint of ``mistakes``, (answer, hint) pairs; returns it as one line."""
+    shown = hint_of(checker, answer)
+    assert hint in shown, shown
+    assert not [other for _, other in mistakes if other != hint and other in shown], shown
+    return shown
 
 
-def assert_correct(checker, path: str, capsys, **kwargs) -> None:
-    """``checker(path, **kwargs)`` prints that the exercise is correct, and nothing else."""
-    checker(path, **kwargs)
+def assert_not_done(capsys, *checkers) -> None:
+    """Each checker prints its "not done yet" line for an answer that is still open."""
+    def hole(*args, **kwargs):
+        raise NotImplementedError("Exercise: replace this line with your code")
+
+    for open_one in checkers:
+        open_one(hole)
+    out = capsys.readouterr().out
+    for open_one in checkers:
+        assert f"Exercise {open_one.exercise_id}: not done yet" in out, out
+
+
+def assert_passes(capsys, checker, *answer) -> None:
+    """``checker(*answer)`` prints that the exercise is correct, and nothing else."""
+    checker(*answer)
     assert capsys.readouterr().out == f"Exercise {checker.exercise_id}: correct.\n"
-
-
-def wrong_file_hint(checker, path: str, world_size: int, *modules) -> str:
-    """``file_hint`` on ``world_size`` processes, its lines checked as ``checked_lines``
-    checks them (``modules``: files whose code must not show)."""
-    hint = file_hint(checker, path, world_sizes=(world_size,))
-    checked_lines(ExerciseError(hint), *modules)  # short, no checker code
-    return hint

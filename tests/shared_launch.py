@@ -1,4 +1,4 @@
-"""Wrong answers that share one launch (for tests/test_check_nb*_workspace.py).
+"""Answers that share one launch (for tests/test_check_file_exercises.py).
 
 A file exercise's checker launches the learner's file on N processes: about half a second of
 CPU before any case runs, for each of dozens of answers a test module holds. Answers that run
@@ -37,7 +37,8 @@ def share_launch(cases_module: str, texts: list[str], name: str, world_size: int
         shutil.rmtree(root, ignore_errors=True)
 
 
-def share_launches(cases_module: str, name: str, answers: list[tuple[str, int]]) -> None:
+def share_launches(cases_module: str, name: str, answers: list[tuple[str, int]],
+                   options: dict | None = None) -> None:
     """``answers``: (text of workspace/NAME, world size) pairs that each run every case to the
     end: one launch per world size, and every run kept (asserted, so that the list stays
     true when a checker changes)."""
@@ -45,6 +46,6 @@ def share_launches(cases_module: str, name: str, answers: list[tuple[str, int]])
     for text, world_size in answers:
         by_size.setdefault(world_size, []).append(text)
     for world_size, texts in sorted(by_size.items()):
-        kept = share_launch(cases_module, texts, name, world_size)
+        kept = share_launch(cases_module, texts, name, world_size, options)
         assert kept == len(texts), (f"{len(texts) - kept} of {len(texts)} answers on "
                                     f"{world_size} processes stopped early: run them alone")

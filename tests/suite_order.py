@@ -9,12 +9,11 @@ suite's speed depends on this list; a file it does not name keeps its place afte
 
 LONGEST_FIRST = (
     "tests/test_student_notebooks.py",  # 269 s: every student copy, open then answered
+    "tests/test_check_file_exercises.py",  # every file exercise's answers, launched
     "tests/browser/", "tests/test_launch.py", "tests/test_scripts.py",
     "tests/test_site.py",  # 30-60 s: the website built once, every page read in Chromium
     "notebooks/06b_",
-    "notebooks/08_", "notebooks/07_", "tests/test_check_nb06_workspace.py",
-    "tests/test_check_nb07_workspace.py", "tests/test_check_nb05_workspace.py",
-    "tests/test_check_nb10_workspace.py", "tests/test_check_nb09_workspace.py", "notebooks/09_",
+    "notebooks/08_", "notebooks/07_", "notebooks/09_",
     "notebooks/03_", "tests/test_exercise_cells_00_04.py", "tests/test_notebook_claims_05_07.py",
     "notebooks/10_", "notebooks/05_", "tests/test_notebook_claims_08_10.py",
     "tests/test_check_workspace.py",

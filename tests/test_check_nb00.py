@@ -5,7 +5,7 @@ Both exercises are about using launch, so there is no "calls the course's own so
 """
 
 import pytest
-from check_reports import hint_of
+from check_reports import assert_hint_only, assert_not_done, assert_passes, hint_of
 
 from course_lib.check.nb00 import caught_failure, hello_on_three
 from course_lib.runtime.launch import LaunchError, LaunchResult
@@ -16,8 +16,7 @@ def run_with_ranks(ranks):
 
 
 def test_hello_on_three_reference(capsys):
-    hello_on_three(lambda: run_with_ranks([0, 1, 2]))
-    assert capsys.readouterr().out == "Exercise 0.1: correct.\n"
+    assert_passes(capsys, hello_on_three, lambda: run_with_ranks([0, 1, 2]))
 
 
 def forgot_return():
@@ -37,14 +36,11 @@ HELLO_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", HELLO_MISTAKES)
 def test_hello_on_three_wrong_answers(wrong, hint):
-    shown = hint_of(hello_on_three, wrong)
-    assert hint in shown
-    assert not [other for _, other in HELLO_MISTAKES if other != hint and other in shown]
+    assert_hint_only(hello_on_three, wrong, hint, HELLO_MISTAKES)
 
 
 def test_caught_failure_reference(capsys):
-    caught_failure(lambda: LaunchError("rank 2 failed (exit code 1) in ..."))
-    assert capsys.readouterr().out == "Exercise 0.2: correct.\n"
+    assert_passes(capsys, caught_failure, lambda: LaunchError("rank 2 failed (exit code 1) in ..."))
 
 
 def not_caught():
@@ -69,9 +65,7 @@ CAUGHT_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", CAUGHT_MISTAKES)
 def test_caught_failure_wrong_answers(wrong, hint):
-    shown = hint_of(caught_failure, wrong)
-    assert hint in shown
-    assert not [other for _, other in CAUGHT_MISTAKES if other != hint and other in shown]
+    assert_hint_only(caught_failure, wrong, hint, CAUGHT_MISTAKES)
 
 
 def test_an_uncaught_failure_shows_the_learners_line():
@@ -81,9 +75,4 @@ def test_an_uncaught_failure_shows_the_learners_line():
 
 
 def test_not_done_yet(capsys):
-    def hole():
-        raise NotImplementedError("Exercise 0.1")
-
-    hello_on_three(hole)
-    caught_failure(hole)
-    assert capsys.readouterr().out.count("not done yet") == 2
+    assert_not_done(capsys, hello_on_three, caught_failure)

@@ -5,15 +5,15 @@ that names their mistake, in a short report without checker code."""
 import pytest
 import torch
 import torch.nn.functional as F
-from check_reports import hint_of
+from check_reports import assert_hint_only, assert_not_done, assert_passes
 
 from course_lib.check.nb01 import central_difference, logistic_gradient, per_example
 from course_lib.lessons import gradients
 
 
 def test_central_difference_reference(capsys):
-    central_difference(lambda f, x, eps: (f(x + eps) - f(x - eps)) / (2 * eps))
-    assert capsys.readouterr().out == "Exercise 1.1: correct.\n"
+    assert_passes(capsys, central_difference,
+                  lambda f, x, eps: (f(x + eps) - f(x - eps)) / (2 * eps))
 
 
 def with_the_library(f, x, eps):
@@ -34,9 +34,7 @@ CENTRAL_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", CENTRAL_MISTAKES)
 def test_central_difference_wrong_answers(wrong, hint):
-    shown = hint_of(central_difference, wrong)
-    assert hint in shown
-    assert not [other for _, other in CENTRAL_MISTAKES if other != hint and other in shown]
+    assert_hint_only(central_difference, wrong, hint, CENTRAL_MISTAKES)
 
 
 def right_logistic(w, x, y):
@@ -50,8 +48,7 @@ def with_autograd(w, x, y):
 
 
 def test_logistic_gradient_reference(capsys):
-    logistic_gradient(right_logistic)
-    assert capsys.readouterr().out == "Exercise 1.2: correct.\n"
+    assert_passes(capsys, logistic_gradient, right_logistic)
 
 
 LOGISTIC_MISTAKES = [
@@ -68,9 +65,7 @@ LOGISTIC_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", LOGISTIC_MISTAKES)
 def test_logistic_gradient_wrong_answers(wrong, hint):
-    shown = hint_of(logistic_gradient, wrong)
-    assert hint in shown
-    assert not [other for _, other in LOGISTIC_MISTAKES if other != hint and other in shown]
+    assert_hint_only(logistic_gradient, wrong, hint, LOGISTIC_MISTAKES)
 
 
 def flat(model):
@@ -105,8 +100,7 @@ def rows_as_list(model, x, y):
 
 
 def test_per_example_reference(capsys):
-    per_example(right_per_example)
-    assert capsys.readouterr().out == "Exercise 1.3: correct.\n"
+    assert_passes(capsys, per_example, right_per_example)
 
 
 PER_EXAMPLE_MISTAKES = [
@@ -122,16 +116,8 @@ PER_EXAMPLE_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", PER_EXAMPLE_MISTAKES)
 def test_per_example_wrong_answers(wrong, hint):
-    shown = hint_of(per_example, wrong)
-    assert hint in shown
-    assert not [other for _, other in PER_EXAMPLE_MISTAKES if other != hint and other in shown]
+    assert_hint_only(per_example, wrong, hint, PER_EXAMPLE_MISTAKES)
 
 
 def test_not_done_yet(capsys):
-    def hole(*args):
-        raise NotImplementedError("Exercise 1.1: ...")
-
-    central_difference(hole)
-    logistic_gradient(hole)
-    per_example(hole)
-    assert capsys.readouterr().out.count("not done yet") == 3
+    assert_not_done(capsys, central_difference, logistic_gradient, per_example)

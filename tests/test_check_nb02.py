@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from check_reports import hint_of
+from check_reports import assert_hint_only, assert_not_done, assert_passes
 
 from course_lib.check.nb02 import accumulation_plan, training_bytes
 from course_lib.lessons import memory
@@ -32,8 +32,7 @@ def measured(model, name):  # the notebook's measurement instead of a count
 
 
 def test_training_bytes_reference(capsys):
-    training_bytes(right_bytes)
-    assert capsys.readouterr().out == "Exercise 2.1: correct.\n"
+    assert_passes(capsys, training_bytes, right_bytes)
 
 
 BYTES_MISTAKES = [
@@ -55,9 +54,7 @@ BYTES_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", BYTES_MISTAKES)
 def test_training_bytes_wrong_answers(wrong, hint):
-    shown = hint_of(training_bytes, wrong)
-    assert hint in shown
-    assert not [other for _, other in BYTES_MISTAKES if other != hint and other in shown]
+    assert_hint_only(training_bytes, wrong, hint, BYTES_MISTAKES)
 
 
 def right_steps(budget, fixed, per_example, global_batch):
@@ -73,8 +70,7 @@ def with_the_library(budget, fixed, per_example, global_batch):
 
 
 def test_accumulation_plan_reference(capsys):
-    accumulation_plan(right_steps)
-    assert capsys.readouterr().out == "Exercise 2.2: correct.\n"
+    assert_passes(capsys, accumulation_plan, right_steps)
 
 
 PLAN_MISTAKES = [
@@ -96,15 +92,8 @@ PLAN_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", PLAN_MISTAKES)
 def test_accumulation_plan_wrong_answers(wrong, hint):
-    shown = hint_of(accumulation_plan, wrong)
-    assert hint in shown
-    assert not [other for _, other in PLAN_MISTAKES if other != hint and other in shown]
+    assert_hint_only(accumulation_plan, wrong, hint, PLAN_MISTAKES)
 
 
 def test_not_done_yet(capsys):
-    def hole(*args):
-        raise NotImplementedError
-
-    training_bytes(hole)
-    accumulation_plan(hole)
-    assert capsys.readouterr().out.count("not done yet") == 2
+    assert_not_done(capsys, training_bytes, accumulation_plan)

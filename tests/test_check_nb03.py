@@ -8,7 +8,7 @@ weights (the notebook's pitfalls.uneven_accumulated_grad returns a gradient)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from check_reports import hint_of
+from check_reports import assert_hint_only, assert_not_done, assert_passes
 
 from course_lib.check.nb03 import accumulate, token_normalisation, uneven_weights
 from course_lib.core import accumulation
@@ -35,8 +35,7 @@ def detached(model, x, y, k):
 
 
 def test_accumulate_reference(capsys):
-    accumulate(scaled_by(lambda k: 1 / k))
-    assert capsys.readouterr().out == "Exercise 3.1: correct.\n"
+    assert_passes(capsys, accumulate, scaled_by(lambda k: 1 / k))
 
 
 ACCUMULATE_MISTAKES = [
@@ -52,14 +51,11 @@ ACCUMULATE_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", ACCUMULATE_MISTAKES)
 def test_accumulate_wrong_answers(wrong, hint):
-    shown = hint_of(accumulate, wrong)
-    assert hint in shown
-    assert not [other for _, other in ACCUMULATE_MISTAKES if other != hint and other in shown]
+    assert_hint_only(accumulate, wrong, hint, ACCUMULATE_MISTAKES)
 
 
 def test_token_normalisation_reference(capsys):
-    token_normalisation(lambda loss_sum, micro, total, k: loss_sum / total)
-    assert capsys.readouterr().out == "Exercise 3.2: correct.\n"
+    assert_passes(capsys, token_normalisation, lambda loss_sum, micro, total, k: loss_sum / total)
 
 
 MEAN_OF_MEANS = "this is a mean of micro-batch means"
@@ -83,9 +79,7 @@ TOKEN_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", TOKEN_MISTAKES)
 def test_token_normalisation_wrong_answers(wrong, hint):
-    shown = hint_of(token_normalisation, wrong)
-    assert hint in shown
-    assert not [other for _, other in TOKEN_MISTAKES if other != hint and other in shown]
+    assert_hint_only(token_normalisation, wrong, hint, TOKEN_MISTAKES)
 
 
 def test_uneven_weights_reference(capsys):
@@ -113,17 +107,9 @@ WEIGHT_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", WEIGHT_MISTAKES)
 def test_uneven_weights_wrong_answers(wrong, hint):
-    shown = hint_of(uneven_weights, wrong)
-    assert hint in shown
-    assert not [other for _, other in WEIGHT_MISTAKES if other != hint and other in shown]
+    shown = assert_hint_only(uneven_weights, wrong, hint, WEIGHT_MISTAKES)
     assert "n_j / N" not in shown and "sum(sizes)" not in shown  # no formula given away
 
 
 def test_not_done_yet(capsys):
-    def hole(*args):
-        raise NotImplementedError
-
-    accumulate(hole)
-    token_normalisation(hole)
-    uneven_weights(hole)
-    assert capsys.readouterr().out.count("not done yet") == 3
+    assert_not_done(capsys, accumulate, token_normalisation, uneven_weights)

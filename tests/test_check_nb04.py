@@ -5,7 +5,7 @@ code."""
 
 import pytest
 import torch
-from check_reports import hint_of
+from check_reports import assert_hint_only, assert_not_done, assert_passes
 
 from course_lib.check.nb04 import average_gradients, shard, warmup
 from course_lib.lessons import replicas
@@ -57,8 +57,7 @@ def drops_the_last_grads(replica_list):
 
 
 def test_average_gradients_reference(capsys):
-    average_gradients(right_average)
-    assert capsys.readouterr().out == "Exercise 4.1: correct.\n"
+    assert_passes(capsys, average_gradients, right_average)
 
 
 AVERAGE_MISTAKES = [
@@ -73,9 +72,7 @@ AVERAGE_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", AVERAGE_MISTAKES)
 def test_average_gradients_wrong_answers(wrong, hint):
-    shown = hint_of(average_gradients, wrong)
-    assert hint in shown
-    assert not [other for _, other in AVERAGE_MISTAKES if other != hint and other in shown]
+    assert_hint_only(average_gradients, wrong, hint, AVERAGE_MISTAKES)
 
 
 def right_shard(x, rank, world):
@@ -86,8 +83,7 @@ def right_shard(x, rank, world):
 
 
 def test_shard_reference(capsys):
-    shard(right_shard)
-    assert capsys.readouterr().out == "Exercise 4.2: correct.\n"
+    assert_passes(capsys, shard, right_shard)
 
 
 SHARD_MISTAKES = [
@@ -106,14 +102,11 @@ SHARD_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", SHARD_MISTAKES)
 def test_shard_wrong_answers(wrong, hint):
-    shown = hint_of(shard, wrong)
-    assert hint in shown
-    assert not [other for _, other in SHARD_MISTAKES if other != hint and other in shown]
+    assert_hint_only(shard, wrong, hint, SHARD_MISTAKES)
 
 
 def test_warmup_reference(capsys):
-    warmup(lambda step, peak, warm: peak * min(1.0, (step + 1) / warm))
-    assert capsys.readouterr().out == "Exercise 4.3: correct.\n"
+    assert_passes(capsys, warmup, lambda step, peak, warm: peak * min(1.0, (step + 1) / warm))
 
 
 def as_library(step, peak_lr, warmup_steps):
@@ -138,17 +131,9 @@ WARMUP_MISTAKES = [
 
 @pytest.mark.parametrize("wrong, hint", WARMUP_MISTAKES)
 def test_warmup_wrong_answers(wrong, hint):
-    shown = hint_of(warmup, wrong)
-    assert hint in shown
-    assert not [other for _, other in WARMUP_MISTAKES if other != hint and other in shown]
+    shown = assert_hint_only(warmup, wrong, hint, WARMUP_MISTAKES)
     assert "(step + 1)" not in shown and "min(" not in shown  # no formula given away
 
 
 def test_not_done_yet(capsys):
-    def hole(*args):
-        raise NotImplementedError
-
-    average_gradients(hole)
-    shard(hole)
-    warmup(hole)
-    assert capsys.readouterr().out.count("not done yet") == 3
+    assert_not_done(capsys, average_gradients, shard, warmup)

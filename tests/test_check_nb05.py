@@ -2,10 +2,9 @@
 value, the course's own solution called, a wrong computation) get a short, pointed hint."""
 
 import pytest
-from check_reports import shown_report
+from check_reports import assert_passes, shown_report
 
-from course_lib.check import nb05
-from course_lib.check.cases import token_ring_cases
+from course_lib.check.cases import token_ring
 from course_lib.check.checker import LADDERS, ExerciseError
 from course_lib.check.nb05 import reduce_scatter_by_hand, two_point_fit
 from course_lib.lessons import cost_model
@@ -18,8 +17,7 @@ def reference_reduce_scatter(before):
 
 
 def test_reduce_scatter_reference(capsys):
-    reduce_scatter_by_hand(reference_reduce_scatter)
-    assert capsys.readouterr().out == "Exercise 5.1: correct.\n"
+    assert_passes(capsys, reduce_scatter_by_hand, reference_reduce_scatter)
 
 
 def column_sums(before):
@@ -76,8 +74,7 @@ def test_the_library_fit_would_give_the_right_numbers():
 
 
 def test_two_point_fit_reference(capsys):
-    two_point_fit(reference_fit)
-    assert capsys.readouterr().out == "Exercise 5.2: correct.\n"
+    assert_passes(capsys, two_point_fit, reference_fit)
 
 
 @pytest.mark.parametrize("wrong, hint", [
@@ -109,12 +106,13 @@ def test_the_token_rings_hints_ask_about_the_order_without_giving_it():
 
 def ring_summaries(spec, values, is_token=(), token_now=None):
     """What every rank of a token-ring case reports, when rank r returned ``values[r]``."""
-    first = token_ring_cases.make_token(spec, 0)
+    first = token_ring.make_token(spec, 0)
     return {r: {"returned": {"tensor": True, "shape": list(first.shape), "dtype": "float32",
                              "values": v, "is_token": r in is_token},
                 "token_changed": token_now is not None and r == 0,
                 "token_now": token_now if r == 0 else None, "collectives": [], "library": [],
-                "calls": ["recv", "send"], "unwaited": [], "messages": int(len(values) > 1)}
+                "calls": ["recv", "send"], "unwaited": [], "messages": int(len(values) > 1),
+                "bytes_sent": 12 * int(len(values) > 1)}
             for r, v in enumerate(values)}
 
 
@@ -133,18 +131,19 @@ def test_the_token_ring_judge_names_what_each_rank_did(ranks, returned, is_token
                                                        hint):
     """Judged without a launch: the ways of going wrong that need no test run of their own."""
     spec = {"name": "case", "shape": [3], "dtype": "float32", "seed": 0, "ranks": ranks}
-    tokens = [token_ring_cases.make_token(spec, r).tolist() for r in range(ranks)]
+    tokens = [token_ring.make_token(spec, r).tolist() for r in range(ranks)]
     by_rank = ring_summaries(spec, returned(tokens), is_token, token_now)
     with pytest.raises(ExerciseError) as caught:
-        nb05.judge_token_case("pass_token", spec, by_rank)
+        token_ring.judge_case("pass_token", spec, by_rank)
     assert str(caught.value).startswith(hint), caught.value
 
 
 def test_the_token_ring_judge_refuses_the_other_exercises_calls():
     """A call hidden in a helper function is seen while the file runs (judged here)."""
     spec = {"name": "case", "shape": [3], "dtype": "float32", "seed": 0, "ranks": 2}
-    tokens = [token_ring_cases.make_token(spec, r).tolist() for r in range(2)]
+    tokens = [token_ring.make_token(spec, r).tolist() for r in range(2)]
     by_rank = ring_summaries(spec, tokens[::-1])
-    nb05.judge_token_case("pass_token", spec, by_rank)  # right: no error
-    with pytest.raises(ExerciseError, match="pass_token_async called the blocking send or recv"):
-        nb05.judge_token_case("pass_token_async", spec, by_rank)
+    token_ring.judge_case("pass_token", spec, by_rank)  # right: no error
+    with pytest.raises(ExerciseError, match="pass_token_async called recv and send: in "
+                                            "exercise 5.4 every message is started with"):
+        token_ring.judge_case("pass_token_async", spec, by_rank)

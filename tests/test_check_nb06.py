@@ -6,10 +6,9 @@ import math
 
 import pytest
 import torch
-from check_reports import hint_of
+from check_reports import assert_not_done, assert_passes, hint_of
 
-from course_lib.check import nb06
-from course_lib.check.cases import ring_cases
+from course_lib.check.cases import ring
 from course_lib.check.checker import ExerciseError
 from course_lib.check.nb06 import reduce_scatter_step, ring_bytes
 from course_lib.core.collectives import chunk_bounds
@@ -47,8 +46,7 @@ def library_step(chunks, step):
 
 
 def test_reduce_scatter_step_reference(capsys):
-    reduce_scatter_step(reference_step)
-    assert capsys.readouterr().out == "Exercise 6.1: correct.\n"
+    assert_passes(capsys, reduce_scatter_step, reference_step)
 
 
 def test_the_library_step_would_give_the_right_chunks():
@@ -85,8 +83,7 @@ def reference_bytes(numel, world_size, element_size):
 
 
 def test_ring_bytes_reference(capsys):
-    ring_bytes(reference_bytes)
-    assert capsys.readouterr().out == "Exercise 6.2: correct.\n"
+    assert_passes(capsys, ring_bytes, reference_bytes)
 
 
 def reduce_scatter_only(numel, n, size):
@@ -129,13 +126,7 @@ def test_one_rank_sends_nothing():
 
 
 def test_not_done(capsys):
-    def hole(*args):
-        raise NotImplementedError("Exercise 6.x")
-
-    reduce_scatter_step(hole)
-    ring_bytes(hole)
-    out = capsys.readouterr().out
-    assert "Exercise 6.1: not done yet" in out and "Exercise 6.2: not done yet" in out
+    assert_not_done(capsys, reduce_scatter_step, ring_bytes)
 
 
 # ---- exercise 6.3's judgement of what one launch measured (no processes started) ----------
@@ -160,18 +151,18 @@ def chunk_sizes(numel: int, n: int) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_any_right_ring_sends_its_share_in_every_case_however_it_cuts(n):
-    for spec in ring_cases.case_specs(n, {}):
+    for spec in ring.case_specs(n, {}):
         numel, size = math.prod(spec["shape"]), 4
         for sizes in chunk_sizes(numel, n):
             for a in range(n):
-                nb06.judge_ring_bytes(bytes_by_rank(numel, n, size, sizes, a), n)
+                ring.judge_bytes(bytes_by_rank(numel, n, size, sizes, a), n)
 
 
 def bytes_hint(sent: list[int], numel: int = 12, size: int = 4) -> str:
     by_rank = {r: {"numel": numel, "element_size": size, "bytes_sent": b}
                for r, b in enumerate(sent)}
     with pytest.raises(ExerciseError) as caught:
-        nb06.judge_ring_bytes(by_rank, len(sent))
+        ring.judge_bytes(by_rank, len(sent))
     return str(caught.value)
 
 
@@ -192,5 +183,5 @@ def test_too_many_bytes_are_named_by_what_they_are():
 ])
 def test_a_collective_a_library_call_or_an_open_handle_is_named(found, words):
     with pytest.raises(ExerciseError) as caught:
-        nb06.judge_ring_calls(0, {"library": [], "collectives": [], "unwaited": [], **found})
+        ring.judge_calls(0, {"library": [], "collectives": [], "unwaited": [], **found})
     assert words in str(caught.value)

@@ -1,15 +1,14 @@
 """Notebook 07's checkers: the reference answers pass, realistic wrong answers get a hint
 (at most report.MAX_LINES lines, no line of the checker's code); exercise 7.3's judge on what
-a launch reports (the launches themselves: test_check_nb07_workspace.py)."""
+a launch reports (the launches themselves: test_check_file_exercises.py)."""
 
 import re
 
 import pytest
-import torch
-from check_reports import shown_report
+from check_reports import assert_not_done, assert_passes, shown_report
 
 from course_lib.check import nb07, own_work
-from course_lib.check.cases import dp_step_cases
+from course_lib.check.cases import dp_step
 from course_lib.check.checker import ExerciseError
 from course_lib.check.hints import hint_text
 from course_lib.check.mp.learner import LearnerFile
@@ -73,8 +72,7 @@ def test_shard_wrong_answers(wrong, words):
 
 
 def test_scale_reference(capsys):
-    scale_loss(lambda s, local, total, n: s * n / total)
-    assert capsys.readouterr().out == "Exercise 7.2: correct.\n"
+    assert_passes(capsys, scale_loss, lambda s, local, total, n: s * n / total)
 
 
 @pytest.mark.parametrize("wrong, words", [
@@ -102,19 +100,13 @@ def test_no_hint_gives_the_formula():
 
 
 def test_not_done(capsys):
-    def hole(*args):
-        raise NotImplementedError("Exercise 7.x")
-
-    shard_rows(hole)
-    scale_loss(hole)
-    out = capsys.readouterr().out
-    assert "Exercise 7.1: not done yet" in out and "Exercise 7.2: not done yet" in out
+    assert_not_done(capsys, shard_rows, scale_loss)
 
 
-# ---- exercise 7.3's judge, on what a launch would report (the launches: *_workspace.py) ----
+# ---- exercise 7.3's judge, on what a launch would report (no launch) ------------------
 
 def spec_of(world_size: int, accum_steps: int) -> dict:
-    return next(s for s in dp_step_cases.case_specs(world_size, {})
+    return next(s for s in dp_step.case_specs(world_size, {})
                 if s["accum_steps"] == accum_steps)
 
 
@@ -124,22 +116,22 @@ def spec_of(world_size: int, accum_steps: int) -> dict:
 ])
 def test_a_gradient_too_large_by_a_known_factor_is_named(world_size, factor, words):
     spec = spec_of(world_size, 3)
-    got = torch.tensor(dp_step_cases.reference_parameters(spec, world_size, factor))
+    got = dp_step.reference_parameters(spec, world_size, factor)
     with pytest.raises(ExerciseError, match=re.escape(words)):
-        nb07.name_step_mistake(spec, world_size, got)
+        dp_step.name_step_mistake(spec, world_size, got)
 
 
 def test_gradients_kept_from_the_step_before_are_named():
     spec = spec_of(2, 1)
-    got = torch.tensor(dp_step_cases.reference_parameters(spec, 2, keep_grads=True))
+    got = dp_step.reference_parameters(spec, 2, keep_grads=True)
     with pytest.raises(ExerciseError, match="step 2 used the gradients of step 1 as well"):
-        nb07.name_step_mistake(spec, 2, got)
+        dp_step.name_step_mistake(spec, 2, got)
 
 
 def broadcast_summary(collectives: list[str]) -> dict:
     """Rank 1 after broadcast_parameters left its own starting weights in place."""
     return {"broadcast_right": False, "broadcast_kept_own": True, "broadcast_missed": [0, 1],
-            "parameter_tensors": 4, "collectives": collectives}
+            "parameter_tensors": 4, "collectives": collectives, "broadcast_values": 26}
 
 
 @pytest.mark.parametrize("collectives, words, not_words", [
@@ -149,10 +141,10 @@ def broadcast_summary(collectives: list[str]) -> dict:
 ])
 def test_own_weights_after_the_broadcast_name_whether_it_was_called(collectives, words,
                                                                     not_words):
-    summary = {"library_broadcast": False, "library_wrapper": False}
-    by_rank = {0: {"broadcast_right": True}, 1: broadcast_summary(collectives)}
+    by_rank = {0: {"broadcast_right": True, "library_broadcast": False, "broadcast_values": 26},
+               1: broadcast_summary(collectives)}
     with pytest.raises(ExerciseError) as caught:
-        nb07.judge_broadcast(summary, by_rank, 2)
+        dp_step.judge_broadcast({}, by_rank, 2)
     assert words in str(caught.value) and not_words not in str(caught.value)
 
 

@@ -4,10 +4,11 @@ import os
 
 import pytest
 import torch
-from check_reports import shown_report
+from check_reports import assert_passes, shown_report
 from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.check import nb09
+from course_lib.check.cases import ddp_script
 from course_lib.check.checker import ExerciseError
 from course_lib.check.nb09 import atomic_save, sampler_by_hand
 from course_lib.train.checkpoint import write_atomic
@@ -40,8 +41,7 @@ def indices_in_blocks(size, world_size, rank, epoch, seed):
 
 
 def test_sampler_reference(capsys):
-    sampler_by_hand(indices_reference)
-    assert capsys.readouterr().out == "Exercise 9.1: correct.\n"
+    assert_passes(capsys, sampler_by_hand, indices_reference)
 
 
 @pytest.mark.parametrize("wrong, hint", [
@@ -76,8 +76,7 @@ def save_swallowing_errors(obj, path):
 
 
 def test_atomic_save_reference(capsys):
-    atomic_save(save_reference)
-    assert capsys.readouterr().out == "Exercise 9.2: correct.\n"
+    assert_passes(capsys, atomic_save, save_reference)
     assert torch.save.__name__ == "save"  # the checker put torch.save back
 
 
@@ -124,8 +123,7 @@ def test_sampler_reports_are_short_and_name_the_mistake(wrong, hint):
 
 
 def test_a_tensor_of_indices_counts_as_its_list(capsys):
-    sampler_by_hand(lambda *args: torch.tensor(indices_reference(*args)))
-    assert capsys.readouterr().out == "Exercise 9.1: correct.\n"
+    assert_passes(capsys, sampler_by_hand, lambda *args: torch.tensor(indices_reference(*args)))
 
 
 def save_with_the_library(obj, path):
@@ -160,19 +158,20 @@ def test_the_script_checker_wants_a_path_and_says_so():
         in text
 
 
-# ---- exercise 9.3's judge, on what a launch would report (the launches: *_workspace.py) ----
+# ---- exercise 9.3's judge, on what a launch would report (no launch) ------------------
 
 def test_a_sync_on_every_micro_step_names_the_cause_not_the_fix():
     """A loop without no_sync: DDP synchronised every backward (the weights are right)."""
     with pytest.raises(ExerciseError) as caught:
-        nb09.judge_syncs({"syncs": 24, "steps": 12, "accum_steps": 2}, "model.zero_grad()")
+        ddp_script.judge_syncs({"syncs": 24, "steps": 12, "accum_steps": 2}, "model.zero_grad()")
     hint = str(caught.value)
     assert "24 times for 12 optimizer steps: micro-steps that do not end a step" in hint
     assert "no_sync" not in hint, hint
 
 
 def logged(losses: list, right: list) -> dict:
-    return {"returned": {"losses": losses}, "expected": {"losses": right}}
+    return {"returned": {"losses": losses}, "expected": {"losses": right}, "loss_values": 3,
+            "steps": 3}
 
 
 @pytest.mark.parametrize("ranks, accum_steps, factor, words", [
@@ -185,4 +184,4 @@ def test_logged_losses_off_by_a_known_factor_are_named(ranks, accum_steps, facto
     right = [0.7, 0.6, 0.5]
     by_rank = {r: logged([v * factor for v in right], right) for r in range(ranks)}
     with pytest.raises(ExerciseError, match=words):
-        nb09.judge_losses(by_rank, ranks, accum_steps)
+        ddp_script.judge_losses(by_rank, ranks, accum_steps)

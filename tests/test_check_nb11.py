@@ -1,24 +1,21 @@
 """Exercise checkers of notebook 11: the trainer's ladder (11.1) and the budget's judge (11.2).
 
-11.1: the fixed trainer (the notebook's answer cell) and another right one pass every rung;
-each injected bug, alone in an otherwise fixed file, fails at the rung it breaks first; the
-file notebook 11 hands out fails at the first of them (the missing loss scaling's rung, so that
-bug needs no launch of its own). 11.2: a plan that breaks either limit is rejected with its
-figures and parts, and the part that breaks it; the fastest plan (found by trying every plan)
-and the notebook's answer pass, and so does a slower plan that fits.
+11.1 (its right answers and each bug alone, at the rung it breaks first:
+test_check_file_exercises.py): the file notebook 11 hands out, every bug in it, fails at the
+first of them, the missing loss scaling's rung. 11.2: a plan that breaks either limit is
+rejected with its figures and parts, and the part that breaks it; the fastest plan (found by
+trying every plan) and the notebook's answer pass, and so does a slower plan that fits.
 """
 
-import re
-import time
 from pathlib import Path
 
 import pytest
 from answer_edits import edited, reference, skeleton
-from capstone_bugs import ANOTHER_RIGHT, BUGS, HALF_FIXES, buggy_text, fixed
 from check_reports import report_of, shown_report
+from file_exercises import BUGS, CAPSTONE
 
 from course_lib.check import nb11
-from course_lib.check.cases import capstone_cases
+from course_lib.check.cases import capstone
 from course_lib.check.reference import reference_answer
 from course_lib.lessons import budget
 from course_lib.lessons.budget import Budget, Plan
@@ -28,94 +25,21 @@ NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_capstone.ipynb"
 TRAINER = "capstone_trainer.py"
 
 
-def failing_rung(workspace, text: str) -> tuple[int, str]:
-    """The rung the trainer ``text`` fails first and the report it gets (checked: a few lines,
-    no checker code), after asserting that no pass was recorded."""
-    path = workspace.put(text, TRAINER)
-    shown = " ".join(line.strip() for line in report_of(nb11.capstone_trainer, path,
-                                                        modules=(capstone_cases, budget)))
-    assert not has_passed("11.1", path)
-    found = re.search(r"rung (\d) of 7 fails", shown)
-    assert found, shown
-    return int(found.group(1)), shown
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("answer", ["the notebook's", "another right one"])
-def test_a_right_trainer_climbs_every_rung(workspace, capsys, answer):
-    text = fixed() if answer == "the notebook's" else edited(fixed(), ANOTHER_RIGHT)
-    path = workspace.put(text, TRAINER)
-    nb11.capstone_trainer(path)
-    out = capsys.readouterr().out
-    assert [f"rung {n}:" in out for n in range(1, 8)] == [True] * 7
-    assert out.endswith("Exercise 11.1: correct.\n")
-    assert has_passed("11.1", path)
-
-
-SAYS = {  # what each report must say (the hint names the symptom, not the fix)
-    "no loss scaling": "about 4 times the big batch's",
-    "no_sync around backward only": "all-reduced its gradients 2 times in one optimizer step",
-    "a rank that skips the broadcast": "rank 0 never joined it",
-    "mean of micro-batch means": "is the mean of the micro-batches' means",
-    "no set_epoch": "same examples in the same order in epoch 0 and epoch 1",
-    "each micro-batch's own mean, / K": "different numbers of scored tokens",
-}
-ALONE = ["no_sync around backward only", "mean of micro-batch means", "no set_epoch",
-         "each micro-batch's own mean, / K"]  # the other two have tests of their own below
-
-
-def only_its_own_words(bug: str, shown: str) -> None:
-    assert SAYS[bug] in shown, shown
-    assert not [words for words in SAYS.values() if words != SAYS[bug] and words in shown]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("bug", ALONE)
-def test_each_bug_alone_fails_at_its_rung(workspace, bug):
-    rung, shown = failing_rung(workspace, buggy_text([bug]))
-    assert rung == {**BUGS, **HALF_FIXES}[bug][0], shown
-    only_its_own_words(bug, shown)
-
-
 @pytest.mark.slow
 def test_the_handed_out_file_fails_at_the_first_bugs_rung(workspace):
-    rung, shown = failing_rung(workspace, buggy_text(list(BUGS)))
-    assert rung == BUGS["no loss scaling"][0] == min(r for r, _ in BUGS.values()) == 2
-    only_its_own_words("no loss scaling", shown)
+    """Every bug at once (the file notebook 11 hands out): the report is the first rung's."""
+    text = edited(reference("capstone_trainer.py"),
+                  [edit for bug in BUGS for edit in CAPSTONE.wrong[bug].edits])
+    assert text == reference("buggy_trainer.py")
+    shown = " ".join(line.strip() for line in report_of(
+        nb11.capstone_trainer, workspace.put(text, TRAINER), modules=(capstone, budget)))
+    for words in CAPSTONE.wrong[BUGS[0]].said:  # rung 2: the loss not scaled
+        assert words in shown, shown
+    assert not has_passed("11.1", f"workspace/{TRAINER}")
 
 
-@pytest.mark.slow
-def test_the_skipped_broadcast_names_the_waiting_rank_and_line(workspace):
-    bug = "a rank that skips the broadcast"
-    text = buggy_text([bug])
-    start = time.monotonic()
-    rung, shown = failing_rung(workspace, text)
-    # rank 0 leaves when it has finished, so rank 1 hears "peer gone" at once (a rank that
-    # lingered until every rank was done would leave it waiting for its whole timeout)
-    assert time.monotonic() - start < nb11.PG_TIMEOUT_S
-    assert rung == BUGS[bug][0]
-    only_its_own_words(bug, shown)
-    line = next(i for i, row in enumerate(text.split("\n"), 1) if "dist.broadcast" in row)
-    assert f"Rank 1 waited at line {line}" in shown
-
-
-@pytest.mark.slow
-def test_an_error_in_the_learners_step_names_the_rung_and_the_line(workspace):
-    text = edited(fixed(), [("optimizer.step()", "optimiser.step()")])
-    rung, shown = failing_rung(workspace, text)
-    line = next(i for i, row in enumerate(text.split("\n"), 1) if "optimiser.step()" in row)
-    assert rung == 1 and f"line {line} in train_step" in shown, shown
-    assert "NameError: name 'optimiser' is not defined" in shown, shown
-
-
-def test_the_notebook_hands_out_the_buggy_file_and_the_exercise_opens_empty():
-    assert reference("buggy_trainer.py") == buggy_text(list(BUGS))
+def test_the_exercise_opens_empty():
     assert skeleton(TRAINER).startswith('raise NotImplementedError("Exercise 11.1')
-
-
-def test_an_open_trainer_is_not_done_yet(workspace, capsys):
-    nb11.capstone_trainer(workspace.put(skeleton(TRAINER), TRAINER))
-    assert "Exercise 11.1: not done yet" in capsys.readouterr().out
 
 
 # ---- 11.2: the budget --------------------------------------------------------------------
@@ -126,7 +50,7 @@ def fastest() -> Plan:
 
 def rejection(plan: Plan) -> str:
     """The report of a plan the judge refuses, as one line (checked: no checker code)."""
-    return shown_report(nb11.capstone_budget, lambda: plan, capstone_cases, budget)
+    return shown_report(nb11.capstone_budget, lambda: plan, capstone, budget)
 
 
 def passed(plan: Plan, capsys) -> str:

@@ -1,5 +1,6 @@
 """The workspace and the harness that launches a learner's file: passes, bad files, a deadlock
-ended in time with nothing left behind, a learner's exception shown by its own line."""
+of three ranks ended in time with nothing left behind (each exercise's own mistakes:
+test_check_file_exercises.py)."""
 
 import os
 import subprocess
@@ -8,8 +9,9 @@ import time
 
 import psutil
 import pytest
-from answer_edits import reference
-from token_ring_answers import answer, line_of
+from answer_edits import edited, line_of, reference
+from file_exercises import TOKEN_RING
+from test_launch import tagged_processes
 
 from course_lib.check import nb05
 from course_lib.check.checker import ExerciseError
@@ -101,20 +103,9 @@ def test_top_level_code_that_fails_on_import_is_explained(workspace):
     assert "keep code that tries the functions out under `if __name__" in str(err.value)
 
 
-def processes_mentioning(text: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if text in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
-
-
 @pytest.mark.slow
 def test_a_deadlock_ends_within_30_s_naming_who_waits_on_whom(workspace):
-    text = answer("token_ring.py", "every rank sends first")
+    text = edited(reference("token_ring.py"), TOKEN_RING.wrong["every rank sends first"].edits)
     path = workspace.put(text, "token_ring.py")
     line = line_of(text, "dist.send(")
     before = set(psutil.Process().children(recursive=True))  # e.g. a session's JupyterLab
@@ -130,34 +121,7 @@ def test_a_deadlock_ends_within_30_s_naming_who_waits_on_whom(workspace):
     server = agent_server_pid()  # started by this check, perhaps: it is no leftover
     left = set(psutil.Process().children(recursive=True)) - before
     assert {p for p in left if p.pid != server} == set()  # none left behind
-    assert processes_mentioning(str(workspace.root)) == []
-
-
-@pytest.mark.slow
-def test_a_receive_that_no_rank_sends_to_is_named(workspace):
-    text = answer("token_ring.py", "odd ranks never send")
-    path = workspace.put(text, "token_ring.py")
-    line = line_of(text, "dist.recv(incoming")
-    start = time.monotonic()
-    with pytest.raises(ExerciseError) as err:
-        nb05.token_ring(path)
-    assert time.monotonic() - start < 30
-    assert (f"rank 0 is blocked in recv from rank 1 (line {line}): rank 0 receives from rank 1, "
-            "but rank 1 never posted the matching send") in str(err.value)
-
-
-@pytest.mark.slow
-def test_a_learners_exception_shows_the_rank_file_and_line(workspace):
-    text = answer("token_ring.py", "neighbours looked up in a list")
-    path = workspace.put(text, "token_ring.py")
-    line = line_of(text, "right, left = ranks[rank + 1]")
-    with pytest.raises(ExerciseError) as err:
-        nb05.token_ring(path)
-    hint = str(err.value)
-    assert hint.startswith(f"rank 1, workspace/token_ring.py line {line} in pass_token:\n"
-                           "    right, left = ranks[rank + 1], ranks[rank - 1]\n"
-                           "IndexError: list index out of range"), hint
-    assert "Traceback" not in hint and "torchrun" not in hint
+    assert tagged_processes(str(workspace.root)) == []
 
 
 @pytest.mark.slow

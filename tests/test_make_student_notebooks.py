@@ -314,3 +314,16 @@ def test_a_writefile_cell_without_a_checker_naming_its_file_is_refused(check_dir
     with pytest.raises(msn.MalformedNotebook, match=r"nb99, cell 2: no checker call names "
                                                     r"ring\.py"):
         msn.make_student_copy(nb, "nb99", check_dir)
+
+
+def test_a_notebook_named_without_its_folder_is_found_and_a_wrong_name_is_one_line(
+        tmp_path, capsys):
+    out = tmp_path / "student"
+    assert msn.main(["05", "--check"]) == 0
+    assert msn.main(["06_all_reduce_from_scratch.ipynb", "--out", str(out)]) == 0
+    assert (out / "06_all_reduce_from_scratch.ipynb").exists()
+    capsys.readouterr()
+    assert msn.main(["06_all_reduce.ipynb", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no notebook 06_all_reduce.ipynb: give a path, or one of "), err
+    assert "Traceback" not in err and len(err.splitlines()) == 1

@@ -172,7 +172,8 @@ def test_open_exercises_say_not_done_yet_then_correct_once_answered(source, tmp_
     made = student_copies.make_student_copy(nbformat.read(source, as_version=4), str(source))
     student = made.notebook  # the copy the command line writes: test_copy_changes_only_...
     opened, answered = without_note(student, made), fill_in(student, made, markers=False)
-    setup = next(i for i, c in enumerate(opened.cells) if c.cell_type == "code")
+    setup = next(i for i, c in enumerate(opened.cells)  # (a Colab or Kaggle cell comes first)
+                 if c.cell_type == "code" and "setup_notebook(" in c.source)
     (tmp_path / STUDENT_MANIFEST).write_text("{}")  # the kernel works in a student copy's folder
     with kernels.run_in(tmp_path) as kernel:
         left = stdout(kernel.run(f"print(__import__('os').environ.get({WORLD_SIZES_ENV!r}))"))

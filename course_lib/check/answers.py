@@ -102,6 +102,15 @@ def expect_tensor_with_grad(value, what: str) -> None:
                             "path), as .detach() or torch.no_grad() leave it")
 
 
+def close(got, want, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
+    """Whether ``got`` and ``want`` (tensors, or numbers and lists of them) have the same
+    shape and values within ``rtol`` and ``atol``, compared in float64; NaN equals NaN. The
+    defaults: float64 answers that differ by rounding only."""
+    got, want = (torch.as_tensor(v).double() for v in (got, want))
+    return got.shape == want.shape and bool(torch.allclose(got, want, rtol=rtol, atol=atol,
+                                                           equal_nan=True))
+
+
 def expect_path(path, call: str) -> None:
     """``path`` must be the path of the learner's file; ``call`` shows the checker's call."""
     expect(isinstance(path, (str, os.PathLike)),

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import ast
 import math
 
-import torch
-
 from course_lib.check.answers import expect_type
-from course_lib.check.cases import token_ring_cases
+from course_lib.check.cases.token_ring import TOKEN_RING, TOKEN_RING_ASYNC
 from course_lib.check.checker import exercise, expect
-from course_lib.check.mp.harness import WORLD_SIZES, check_file
-from course_lib.check.mp.learner import find_learner_file
-from course_lib.check.mp.verdict import Advice
+from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
 from course_lib.check.own_work import call_own
 from course_lib.lessons.collective_definitions import expected_after, start_values
 from course_lib.lessons.cost_model import fit_alpha_beta
-from course_lib.runtime.workspace import record_pass
 
 CASES = (  # (what each rank holds before) for 2, 3 and 4 ranks, small whole numbers
     [start_values(r, 2) for r in range(2)],
@@ -90,175 +84,13 @@ def two_point_fit(fit) -> None:
 
 # ---- the token ring: the learner's own file, launched on 2, 3 and 4 processes -------------
 
-TOKEN_RING_FILE = "workspace/token_ring.py"
-TOKEN_RING_ASYNC_FILE = "workspace/token_ring_async.py"
-TOKEN_RING_CASES = "course_lib.check.cases.token_ring_cases"
-RING_MATCH = ("each rank sends once, to its right-hand neighbour (r + 1) mod N, and receives "
-              "once, from its left-hand neighbour (r - 1) mod N")
-SIZE = ("The tensor a rank receives into must have the token's shape and dtype: neither travels "
-        "with the message.")
-TOKEN_RING_ADVICE = {
-    "pass_token": Advice(
-        all_send="Each rank waits in send for its right-hand neighbour, which waits in its own "
-                 "send for the next one, round the whole ring: a cycle of waits that no rank "
-                 "can leave.",
-        all_recv="Each rank waits in recv for its left-hand neighbour, which waits in its own "
-                 "recv, round the whole ring: a cycle of waits, and no rank reaches its send.",
-        mismatch=f"Every send needs a matching recv on the rank it names, and every recv a "
-                 f"matching send: {RING_MATCH}.",
-        size=SIZE),
-    "pass_token_async": Advice(
-        all_send="Waiting on an isend's handle blocks like a send: every rank waits there "
-                 "before its irecv has started, so no message can arrive.",
-        all_recv="Waiting on an irecv's handle blocks like a recv: every rank waits there "
-                 "before its isend has started, so nothing is ever sent.",
-        mismatch=f"Every isend needs a matching irecv on the rank it names, and every irecv a "
-                 f"matching isend: {RING_MATCH}.",
-        size=SIZE),
-}
-ALONE = ("In a group of one process rank 0 is its own neighbour, and Gloo cannot send from a "
-         "process to itself: alone on the ring, a rank gets its own token back, as a copy, "
-         "without any message.")
-SENDS_TO_ITSELF = ("should not be the same as the rank", token_ring_cases.NOT_CONNECTED)
-
-
-def explain_token_error(error: dict, text: str) -> str:
-    """One more line for an error of the one-process case (a rank sending to itself)."""
-    return ALONE if any(s in error["message"] for s in SENDS_TO_ITSELF) else ""
-
-
-WRONG_KIND = {  # function -> (calls it must not make, why)
-    "pass_token": ({"isend", "irecv", "batch_isend_irecv", "batch"},
-                   "pass_token called isend or irecv: exercise 5.3 is the blocking version, "
-                   "with dist.send and dist.recv only (isend and irecv are exercise 5.4's)"),
-    "pass_token_async": ({"send", "recv"},
-                         "pass_token_async called the blocking send or recv: in exercise 5.4 "
-                         "every message is started with dist.isend or dist.irecv"),
-}
-
-
-def called_in(path: str, function: str) -> set[str]:
-    """The names ``function`` calls in the learner's file (``dist.isend(...)``: "isend"), read
-    without running it; none when the file defines it other than with ``def``."""
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    defined = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
-    calls = [c.func for node in defined for c in ast.walk(node) if isinstance(c, ast.Call)]
-    return {getattr(f, "attr", getattr(f, "id", "")) for f in calls}
-
-
-def judge_calls(function: str, rank: int, s: dict) -> None:
-    """The calls a rank made: the right kind of messages, every handle waited on."""
-    used = s["collectives"] + s["library"]
-    expect(not used, f"{function} calls {used[0] if used else ''}: the token goes round with "
-                     "point-to-point messages, from each rank to its neighbour only")
-    wrong, why = WRONG_KIND[function]
-    expect(not set(s["calls"]) & wrong, why)
-    for handle in s["unwaited"]:
-        way = "to" if handle["kind"] == "isend" else "from"
-        expect(False, f"rank {rank} returned without waiting for its {handle['kind']} {way} "
-                      f"rank {handle['peer']} (line {handle['line']}): until its .wait() "
-                      "returns, an irecv's tensor may not hold the message yet and an isend's "
-                      "tensor may still be in use")
-
-
-def judge_kind(function: str, rank: int, s: dict, mine: torch.Tensor) -> None:
-    """A tensor of the token's shape and dtype."""
-    ret = s["returned"]
-    what = "None" if ret.get("type") == "NoneType" else f"a {ret.get('type')}"
-    expect(ret["tensor"], f"{function} returned {what} on rank {rank}, not a tensor: it "
-                          "returns the token its left-hand neighbour sent")
-    dtype = str(mine.dtype).removeprefix("torch.")
-    expect(ret["shape"] == list(mine.shape) and ret["dtype"] == dtype,
-           f"rank {rank} returned a tensor of shape {tuple(ret['shape'])} and dtype "
-           f"{ret['dtype']}, the token has shape {tuple(mine.shape)} and dtype {dtype}. {SIZE}")
-
-
-def judge_callers_token(function: str, by_rank: dict, tokens: list[list]) -> None:
-    """The token passed in comes back to the caller untouched, and is not what is returned."""
-    for rank, s in sorted(by_rank.items()):
-        holder = next((r for r, t in enumerate(tokens) if t == s["token_now"]), None)
-        expect(holder is None, f"on rank {rank} {function} received rank {holder}'s token "
-                               "into the token it was given, the one it sends: the caller's "
-                               "own token is overwritten")
-        expect(not s["token_changed"], f"on rank {rank} {function} wrote into the token it "
-                                       "was given: the caller's token must come back as it "
-                                       "was")
-    for rank, s in sorted(by_rank.items()):
-        left = (rank - 1) % len(tokens)
-        expect(not s["returned"]["is_token"], f"rank {rank} returned the token it was given, "
-               "the same tensor, " + ("not a copy: alone on the ring a rank gets a copy of its "
-                                      "own token back" if len(tokens) == 1 else
-                                      f"instead of the token of rank {left}, its left-hand "
-                                      "neighbour"))
-
-
-def judge_values(rank: int, s: dict, tokens: list[list]) -> None:
-    """Rank ``rank`` returned its left-hand neighbour's token and sent one message."""
-    n, got = len(tokens), s["returned"]["values"]
-    left, right = (rank - 1) % n, (rank + 1) % n
-    if n == 1:
-        expect(got == tokens[0], f"alone on the ring rank 0 returned {got}, not a copy of its "
-                                 f"own token {tokens[0]}")
-    elif n == 2:
-        expect(got != tokens[rank], f"rank {rank} got back its own token: it returned a copy "
-                                    f"of it, or rank {left} sent on the token it had "
-                                    "received instead of its own")
-    else:
-        expect(got != tokens[rank], f"rank {rank} returned a copy of its own token, not the "
-                                    f"token it received from rank {left}")
-    expect(got == tokens[left], f"rank {rank} returned {got}, not the token of rank {left}, "
-                                f"{tokens[left]}")
-    expect(s["messages"] == int(n > 1),
-           f"rank {rank} sent {s['messages']} messages: " + (
-               "alone on the ring it sends none" if n == 1 else
-               "the ring needs one, of its token, to its right-hand neighbour "
-               f"rank {right}"))
-
-
-def judge_token_case(function: str, spec: dict, by_rank: dict) -> None:
-    """One case on every rank: what each called, returned and left in the token it was given."""
-    n = spec["ranks"]
-    tokens = [token_ring_cases.make_token(spec, r).flatten().tolist() for r in range(n)]
-    for rank, s in sorted(by_rank.items()):
-        judge_calls(function, rank, s)
-        judge_kind(function, rank, s, token_ring_cases.make_token(spec, rank))
-    judge_callers_token(function, by_rank, tokens)
-    got = [by_rank[r]["returned"]["values"] for r in range(n)]
-    expect(n < 3 or got != [tokens[(r + 1) % n] for r in range(n)],
-           "every rank got the token of its right-hand neighbour (rank 0 got rank 1's): the "
-           "tokens went round the ring the wrong way; each one goes to the right, to rank "
-           "(r + 1) mod N")
-    for rank, s in sorted(by_rank.items()):
-        judge_values(rank, s, tokens)
-
-
-def _check_token_ring(function: str, path: str, world_sizes) -> None:
-    learner = find_learner_file(path, (function,))
-    wrong, why = WRONG_KIND[function]
-    expect(not called_in(path, function) & wrong, why)  # seen in the file: no launch needed
-    options = {"function": function}
-    specs = {}
-
-    def judge_case(summary, by_rank, run):
-        if run.world_size not in specs:
-            specs[run.world_size] = {s["name"]: s for s in
-                                     token_ring_cases.case_specs(run.world_size, options)}
-        judge_token_case(function, specs[run.world_size][summary["name"]], by_rank)
-
-    check_file(learner, TOKEN_RING_CASES, options, world_sizes,
-               TOKEN_RING_ADVICE[function], judge_case, explain_token_error)
-
-
 @exercise("5.3")
-def token_ring(path: str = TOKEN_RING_FILE, world_sizes=WORLD_SIZES) -> None:
+def token_ring(path: str = TOKEN_RING.file, world_sizes=WORLD_SIZES) -> None:
     """``pass_token(token, group)`` in the learner's file, with blocking send/recv."""
-    _check_token_ring("pass_token", path, world_sizes)
-    record_pass("5.3", path)
+    check_exercise(TOKEN_RING, path, world_sizes)
 
 
 @exercise("5.4")
-def token_ring_async(path: str = TOKEN_RING_ASYNC_FILE, world_sizes=WORLD_SIZES) -> None:
+def token_ring_async(path: str = TOKEN_RING_ASYNC.file, world_sizes=WORLD_SIZES) -> None:
     """``pass_token_async(token, group)`` in the learner's file, with isend/irecv."""
-    _check_token_ring("pass_token_async", path, world_sizes)
-    record_pass("5.4", path)
+    check_exercise(TOKEN_RING_ASYNC, path, world_sizes)

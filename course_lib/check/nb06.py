@@ -5,15 +5,12 @@ from __future__ import annotations
 import torch
 
 from course_lib.check.answers import expect_type
-from course_lib.check.cases import ring_cases, ring_mistakes
+from course_lib.check.cases import ring
 from course_lib.check.checker import exercise, expect
-from course_lib.check.mp.harness import WORLD_SIZES, check_file
-from course_lib.check.mp.learner import find_learner_file
-from course_lib.check.mp.verdict import Advice
+from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
 from course_lib.check.own_work import call_own
 from course_lib.core.collectives import REDUCE_SCATTER, chunk_bounds
 from course_lib.lessons import network_sim, ring_viz
-from course_lib.runtime.workspace import record_pass
 
 
 def random_chunks(world_size: int, numel: int, seed: int) -> list[list[torch.Tensor]]:
@@ -140,123 +137,8 @@ def ring_bytes(count_fn) -> None:
 
 # ---- the ring all-reduce: the learner's own file, launched on 2, 3 and 4 processes --------
 
-MY_RING_FILE = "workspace/my_ring.py"
-RING_CASES = "course_lib.check.cases.ring_cases"
-RING_ADVICE = Advice(
-    all_send="In a ring every rank sends and receives in each step, so each rank's receive "
-             "must already be under way while it waits for its send to complete.",
-    all_recv="In a ring every rank sends and receives in each step, so each rank's send must "
-             "already be under way while it waits for its receive.",
-    mismatch="Both ends of each message must agree: in every step each rank sends to its "
-             "right-hand neighbour and receives from its left-hand one.",
-    size="A receive buffer must match its message: either the two ranks meant different "
-         "chunks (or cut the tensor differently), or the buffer has another dtype than the "
-         "tensor (torch.empty and torch.zeros make float32 unless told otherwise).")
-
-
-def explain_ring_error(error: dict, text: str) -> str:
-    if "out of range" in error["message"] and ".chunk(" in text:
-        return ("torch.chunk can return fewer than N chunks (2 numbers in 3 chunks gives 2), "
-                "but the ring needs N chunks on every rank, some of them empty.")
-    return ""
-
-
-def judge_ring_calls(rank: int, s: dict) -> None:
-    """No library all-reduce, no collective: the ring is made of point-to-point messages."""
-    expect(not s["library"], f"ring_all_reduce calls the library's {(s['library'] or [''])[0]}"
-                             ": the point is to write the ring yourself, from dist.isend and "
-                             "dist.irecv")
-    expect(not s["collectives"], f"ring_all_reduce calls dist.{(s['collectives'] or [''])[0]}"
-                                 ": build it from dist.isend and dist.irecv only (a "
-                                 "reduce-scatter, then an all-gather, round the ring)")
-    for handle in s["unwaited"]:
-        way = "to" if handle["kind"] == "isend" else "from"
-        expect(False, f"rank {rank} returned without waiting for its {handle['kind']} {way} "
-                      f"rank {handle['peer']} (line {handle['line']}): until its handle is "
-                      "waited on, a message may not have arrived (or left) yet")
-
-
-def _values(by_rank: dict, key: str, n: int) -> list[torch.Tensor]:
-    return [torch.tensor(by_rank[r][key], dtype=torch.float64) for r in range(n)]
-
-
-def _unchanged(spec: dict, by_rank: dict, rank: int) -> None:
-    """The caller's tensor came back as it went in, on every rank: say why."""
-    expect(not spec["transposed"],
-           "a non-contiguous tensor came back unchanged: flattening it (reshape, flatten or "
-           "contiguous) made a copy, and the sum stayed in that copy; ring_all_reduce works "
-           "in place, on the tensor it is given")
-    other = by_rank[rank]["returned_other"]
-    expect(other is None or other != by_rank[rank]["expected"],
-           "the sum is in the tensor you returned, not in the caller's tensor: "
-           "ring_all_reduce works in place, on the tensor it is given")
-    expect(False, "the caller's tensor is unchanged on every rank: ring_all_reduce must "
-                  "leave the sum in the tensor it is given, in place")
-
-
-def judge_ring_values(spec: dict, by_rank: dict, n: int) -> None:
-    """The sum on every rank, in the caller's tensor; a wrong one named by its mistake."""
-    inputs, got = _values(by_rank, "input", n), _values(by_rank, "got", n)
-    expected = _values(by_rank, "expected", n)
-    wrong = [r for r in range(n) if not torch.equal(got[r], expected[r])]
-    if not wrong:
-        return
-    if all(torch.equal(g, x) for g, x in zip(got, inputs, strict=True)):
-        _unchanged(spec, by_rank, wrong[0])
-    mistake = ring_mistakes.name_mistake(inputs, got)
-    if mistake:
-        expect(False, ring_mistakes.mistake_hint(mistake, n))
-    r = wrong[0]
-    expect(False, f"rank {r} holds {_short(got[r])}, dist.all_reduce gives "
-                  f"{_short(expected[r])}, and no mistake the checker knows gives these "
-                  "numbers: follow one chunk through the ring, which rank sends it in each "
-                  "step and into which chunk the receiver adds (or stores) it")
-
-
-def _short(values: torch.Tensor) -> str:
-    shown = [int(v) if float(v).is_integer() else round(float(v), 3) for v in values[:6]]
-    return str(shown)[:-1] + (", ...]" if values.numel() > 6 else "]")
-
-
-def judge_ring_bytes(by_rank: dict, n: int) -> None:
-    """Each rank sends 2(N-1)/N of the tensor, give or take one chunk, however it is cut."""
-    numel, size = by_rank[0]["numel"], by_rank[0]["element_size"]
-    sent = [by_rank[r]["bytes_sent"] for r in range(n)]
-    whole = 2 * (n - 1) * numel * size  # the whole tensor in each of the 2(N-1) steps
-    share = whole / n  # one chunk per step: the bandwidth-optimal share of any all-reduce
-    chunk = -(-numel // n) * size  # the largest chunk of an even cut: numel / N, rounded up
-    far = [r for r in range(n) if abs(sent[r] - share) > chunk]
-    if not far:
-        return
-    expect(not all(b >= whole for b in sent),
-           f"each rank sent {sent[0]} bytes for a {numel * size}-byte tensor: the whole "
-           "tensor in every step. A ring step sends one chunk, so that each rank sends "
-           "2(N-1)/N of the tensor in all")
-    r = far[0]
-    expect(False, f"rank {r} sent {sent[r]} bytes for a {numel * size}-byte tensor on {n} "
-                  f"ranks, {'more' if sent[r] > share else 'less'} than a ring sends: "
-                  f"2(N-1)/N of the tensor, {share:g} bytes here, give or take one chunk "
-                  f"({chunk} bytes), however the chunks are cut. In a ring every rank sends "
-                  "one chunk per step, N - 1 steps in each phase")
-
-
-def judge_ring_case(summary: dict, by_rank: dict, run) -> None:
-    n = summary["ranks"]
-    spec = {s["name"]: s for s in ring_cases.case_specs(run.world_size, {})}[summary["name"]]
-    for rank in range(n):
-        judge_ring_calls(rank, by_rank[rank])
-    judge_ring_values(spec, by_rank, n)
-    judge_ring_bytes(by_rank, n)
-
-
 @exercise("6.3")
-def my_ring(path: str = MY_RING_FILE, world_sizes=WORLD_SIZES) -> None:
+def my_ring(path: str = ring.EXERCISE.file, world_sizes=WORLD_SIZES) -> None:
     """``ring_all_reduce(tensor, group=None)`` in the learner's file: in place, the SUM, from
     point-to-point messages, each rank sending about 2(N-1)/N of the tensor."""
-    learner = find_learner_file(path, ("ring_all_reduce",))
-    used = ring_mistakes.library_call(path)
-    expect(used is None, f"ring_all_reduce calls {used}: the point is to write the ring "
-                         "yourself, from dist.isend and dist.irecv")
-    check_file(learner, RING_CASES, {}, world_sizes, RING_ADVICE, judge_ring_case,
-               explain_ring_error)
-    record_pass("6.3", path)
+    check_exercise(ring.EXERCISE, path, world_sizes)

@@ -10,10 +10,17 @@ class the answer would construct, a file it would write), ``names_used`` reads t
 answer's code mentions instead:
 
     used = names_used(my_sampler, ("DistributedSampler",))   # [] when it does not
+
+A learner's file (``workspace/NAME.py``, launched on several processes) is read, not run:
+``expect_own_file(path, refused, who)`` fails with a hint when the file's code (outside its
+``__main__`` block, or inside the named functions only) uses one of ``refused``'s names, read
+through the file's imports (``dist.all_reduce`` is ``torch.distributed.all_reduce``, an import
+counts as a use). The tracer catches, while the file runs, a call made through a helper.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import sys
@@ -108,3 +115,83 @@ def expect_own_code(function, library_function, what: str, name: str | None = No
     if uses:
         raise ExerciseError(f"your function uses the library's {name}, which is the answer "
                             f"itself: {what}")
+
+
+# ---- a learner's file, read without running it -------------------------------------------------
+
+def _imported(tree: ast.Module) -> dict[str, str]:
+    """{local name: the full name it stands for}: dist -> torch.distributed, ..."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:  # import torch.distributed as dist; import torch
+                local = a.asname or a.name.split(".")[0]
+                names[local] = a.name if a.asname else local
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    return names
+
+
+def _scope(tree: ast.Module, functions: tuple[str, ...]) -> list[ast.AST]:
+    """The code that counts: the named functions (or classes), else the whole file but its
+    ``if __name__ == "__main__":`` block."""
+    if functions:
+        return [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                and n.name in functions]
+    return [n for n in tree.body
+            if not (isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))]
+
+
+def names_in_file(path: str, functions: tuple[str, ...] = ()) -> list[tuple[str, str, int]]:
+    """(full name, name as written, line) of every name the file's code uses, in order."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported, found = _imported(tree), []
+    for node in (n for top in _scope(tree, functions) for n in ast.walk(top)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found += [(f"{node.module}.{a.name}", f"{node.module}.{a.name}", node.lineno)
+                      for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, a.name, node.lineno) for a in node.names]
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            written = ast.unparse(node)
+            head, _, rest = written.partition(".")
+            full = ".".join(filter(None, [imported.get(head, head), rest]))
+            found.append((full, written, node.lineno))
+    return sorted(found, key=lambda use: use[2])
+
+
+def _matches(full: str, name: str) -> bool:
+    """``name`` is a module or object and everything in it (``course_lib.core.zero``); a bare
+    one is also any name or attribute that ends so (``register_comm_hook``)."""
+    return (full == name or full.startswith(name + ".")
+            or ("." not in name and full.rsplit(".", 1)[-1] == name))
+
+
+def shown(full: str, written: str) -> str:
+    """How a hint names a use: dist.all_reduce, the library's ring_all_reduce, ..."""
+    last = full.rsplit(".", 1)[-1]
+    if full.startswith("torch.distributed.") and full.count(".") == 2:
+        return f"dist.{last}"
+    return f"the library's {last}" if full.startswith("course_lib.") else written
+
+
+def refused_use(path: str, refused: dict[str, str],
+                functions: tuple[str, ...] = ()) -> tuple[str, int, str] | None:
+    """(the use as a hint names it, its line, why it is refused) of the first name of
+    ``refused`` ({name: why}) the file uses; None if none."""
+    for full, written, line in names_in_file(path, functions):
+        why = next((why for name, why in refused.items() if _matches(full, name)), None)
+        if why is not None:
+            return shown(full, written), line, why
+    return None
+
+
+def expect_own_file(path: str, refused: dict[str, str], who: str = "your file",
+                    functions: tuple[str, ...] = ()) -> None:
+    """``ExerciseError`` when the file uses a name of ``refused`` ({name: why}): "``who``
+    calls dist.all_reduce (line 12): ``why``"."""
+    found = refused_use(path, refused, functions)
+    if found:
+        use, line, why = found
+        raise ExerciseError(f"{who} uses {use} (line {line}): {why}")

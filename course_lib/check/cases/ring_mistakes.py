@@ -15,12 +15,12 @@ the library's own all-reduce (the tracer still catches a call made by way of a h
 
 from __future__ import annotations
 
-import ast
 import itertools
 
 import torch
 
-from course_lib.check.mp.tracer import COLLECTIVES, LIBRARY
+from course_lib.check.mp.tracer import COLLECTIVES, LIBRARY, LIBRARY_MODULE
+from course_lib.check.own_work import refused_use
 from course_lib.core.collectives import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
 from course_lib.lessons import ring_viz
 
@@ -177,36 +177,13 @@ def mistake_hint(mistake: tuple, n: int) -> str:
             "which holds only a partial sum")
 
 
-def _imported_names(tree: ast.Module) -> dict[str, str]:
-    """{local name: the full name it stands for}: dist -> torch.distributed, ..."""
-    names = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:  # import torch.distributed as dist; import torch
-                local = a.asname or a.name.split(".")[0]
-                names[local] = a.name if a.asname else local
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
-    return names
+REFUSED = (*(f"torch.distributed.{name}" for name in COLLECTIVES),
+           *(f"{LIBRARY_MODULE}.{name}" for name in LIBRARY))  # what a ring is built without
 
 
 def library_call(path: str, function: str = "ring_all_reduce") -> str | None:
     """"dist.all_reduce (line 12)", "the library's ring_all_reduce (line 9)"...: the first
     collective or library all-reduce that ``function``'s own code in the file at ``path``
-    calls; None if none."""
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    names = _imported_names(tree)
-    for node in tree.body:
-        if not (isinstance(node, ast.FunctionDef) and node.name == function):
-            continue
-        for call in (c for c in ast.walk(node) if isinstance(c, ast.Call)):
-            written = ast.unparse(call.func)
-            head, _, rest = written.partition(".")
-            full = ".".join(filter(None, [names.get(head, head), rest]))
-            last = full.rsplit(".", 1)[-1]
-            if full.startswith("torch.distributed.") and last in COLLECTIVES:
-                return f"dist.{last} (line {call.lineno})"
-            if full.startswith("course_lib.") and last in LIBRARY:
-                return f"the library's {last} (line {call.lineno})"
-    return None
+    calls (``own_work.refused_use``); None if none."""
+    found = refused_use(path, dict.fromkeys(REFUSED, ""), (function,))
+    return f"{found[0]} (line {found[1]})" if found else None

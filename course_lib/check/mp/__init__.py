@@ -14,12 +14,8 @@ The pieces, in the order a check goes through them:
 - ``verdict``: not done, a learner's exception, a deadlock, a message too big for its buffer,
   time out; ``harness.check_file`` ties it all together, one launch per world size.
 
-An exercise adds one *cases module* in ``course_lib.check.cases`` (``token_ring_cases``,
-``ring_cases``) with
-
-    case_specs(world_size, options) -> [{"name": ..., "ranks": K, ...}, ...]
-    run_case(learner_module, spec, group, tracer, options) -> JSON summary incl. "name", "ranks"
-
-(``ranks`` < world size: the case gets a group of ranks 0 .. K-1; the others sit it out), and
-a judge in its ``check.nbNN`` module that raises ``ExerciseError`` for a wrong summary.
+An exercise is one *cases module* in ``course_lib.check.cases`` (``ring``, ``zero2``, ...):
+what each rank runs, its judge, its advice and explanations, declared as a
+``harness.FileExercise`` that its entry point in ``check.nbNN`` hands to
+``harness.check_exercise`` (see ``course_lib/check/cases/__init__.py``).
 """

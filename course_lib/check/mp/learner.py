@@ -43,7 +43,7 @@ class LearnerFile:
 def top_level_names(tree: ast.Module) -> set[str]:
     names = set()
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
@@ -68,9 +68,12 @@ def find_learner_file(path: str, functions: tuple[str, ...]) -> LearnerFile:
                             + (f"\n    {shown.strip()}" if shown else "")) from None
     missing = [name for name in functions if name not in top_level_names(tree)]
     if missing:
-        raise ExerciseError(f"{path} defines no function {missing[0]}: write "
-                            f"`def {missing[0]}(...):` at the top level of the file "
-                            "(not inside another function or the __main__ block)")
+        name = missing[0]
+        kind, write = ("class", f"class {name}:") if name[0].isupper() else (
+            "function", f"def {name}(...):")
+        raise ExerciseError(f"{path} defines no {kind} {name}: write `{write}` at the top "
+                            "level of the file (not inside another function or the __main__ "
+                            "block)")
     if still_open(tree, text, functions):  # "not done yet" at once, without a launch
         raise NotImplementedError(f"{path} still holds its exercise's marked line")
     return LearnerFile(path, tuple(functions))
@@ -83,7 +86,7 @@ def still_open(tree: ast.Module, text: str, functions: tuple[str, ...]) -> bool:
         return bool(MARKED_LINE.search(text))
     return any(MARKED_LINE.search(ast.get_source_segment(text, node) or "")
                for node in tree.body
-               if isinstance(node, ast.FunctionDef) and node.name in functions)
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in functions)
 
 
 def load_learner(path: str) -> ModuleType:

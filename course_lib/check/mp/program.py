@@ -13,12 +13,19 @@ that raised on it):
     {"rank": R, "world_size": N, "cases": [one summary per case run],
      "error": null or {"kind", "type", "message", "line", "source", "case", "status"}}
 
+A case runs on the ranks its spec names (``"members"``: global ranks, all of them when absent;
+a group such as [1, 2] of 3 processes, where a rank's global number is not its number in the
+group); the others sit it out. Each summary gets the rank's number in that group
+(``"group_rank"``) and the group's ``"members"``. The cases of a launch are kept apart by a
+barrier in a group of every rank that the learner's code never sees.
+
 A rank stops at its first error; its peers then stop too (their messages fail or time out).
 Every rank exits normally, so the launcher has nothing to say: the checker judges the files.
 """
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import json
 import os
@@ -31,29 +38,44 @@ from course_lib.check.mp.tracer import Tracer
 from course_lib.runtime.launch_child import write_json_atomic
 from course_lib.runtime.worker import seed_everything, worker
 
+CONTROL_TIMEOUT_S = 120.0  # the checker's own barrier: a rank may compute a while before it
+
 
 def result_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"result{rank}.json")
 
 
-def make_groups(specs: list[dict], w) -> dict[int, object]:
-    """{size: group of ranks 0 .. size-1}; every rank must create every group, in order."""
-    groups = {w.world_size: w.group}
-    for size in sorted({spec.get("ranks", w.world_size) for spec in specs}):
-        if size not in groups:
-            groups[size] = dist.new_group(list(range(size)))
+def members(spec: dict, world_size: int) -> tuple[int, ...]:
+    """The global ranks a case runs on."""
+    return tuple(spec.get("members", range(world_size)))
+
+
+def make_groups(specs: list[dict], w) -> dict:
+    """{members: group} of every case, and {"control": a group of every rank for the checker's
+    own barriers}; every rank makes every group, in the same order."""
+    groups = {tuple(range(w.world_size)): w.group}
+    for ranks in sorted({members(spec, w.world_size) for spec in specs}):
+        if ranks not in groups:
+            groups[ranks] = dist.new_group(list(ranks))
+    groups["control"] = dist.new_group(list(range(w.world_size)),
+                                       timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
     return groups
 
 
 def run_cases(cases, specs: list[dict], groups: dict, learner, tracer: Tracer, w,
-              options: dict, report: dict, save) -> None:
+              options: dict, report: dict, save, run_dir: str) -> None:
     for spec in specs:
-        size = spec.get("ranks", w.world_size)
-        if w.rank >= size:
-            continue  # a case for fewer ranks: the others sit it out
+        ranks = members(spec, w.world_size)
+        tracer.between(spec["name"])  # waiting here is not the learner's doing
+        tracer.barrier()  # no message of one case meets one of the next
+        tracer.between(None)
+        if w.rank not in ranks:
+            continue  # a case for other ranks: this one sits it out
         report["case"] = spec["name"]
-        dist.barrier(group=groups[size])  # no message of one case can meet one of the next
-        report["cases"].append(cases.run_case(learner, spec, groups[size], tracer, options))
+        group = groups[ranks]
+        summary = cases.run_case(learner, spec, group, tracer, {**options, "run_dir": run_dir})
+        report["cases"].append({**summary, "name": spec["name"], "members": list(ranks),
+                                "group_rank": dist.get_rank(group)})
         save()  # written after every case: a rank that Gloo kills later keeps its results
     report["case"] = None
 
@@ -65,14 +87,15 @@ def run_learner(path: str, run_dir: str, cases, specs, groups, tracer: Tracer, w
     report = {"rank": w.rank, "world_size": w.world_size, "cases": [], "case": None,
               "error": None}
 
-    def save() -> None:
-        write_json_atomic(result_path(run_dir, w.rank), {**report, "finished": False})
-    tracer.retarget(run_dir, path)
+    def save(finished: bool = False) -> None:
+        write_json_atomic(result_path(run_dir, w.rank), {**report, "finished": finished})
+
+    tracer.retarget(run_dir, path, report)
     seed_everything(0)  # as worker(seed=0) left the generators for a launch of its own
     folder = os.path.dirname(os.path.abspath(path))
     try:
         learner = load_learner(path)  # the file's top-level code runs here
-        run_cases(cases, specs, groups, learner, tracer, w, options, report, save)
+        run_cases(cases, specs, groups, learner, tracer, w, options, report, save, run_dir)
     except Exception as e:  # every way the learner's code fails is judged
         report["error"] = {**describe_error(e, path), "case": report["case"],
                            "status": tracer.last}
@@ -80,7 +103,7 @@ def run_learner(path: str, run_dir: str, cases, specs, groups, tracer: Tracer, w
         for name in [name for name, module in list(sys.modules.items())
                      if os.path.dirname(getattr(module, "__file__", None) or "") == folder]:
             del sys.modules[name]  # the file and its neighbours: the next file has its own
-        write_json_atomic(result_path(run_dir, w.rank), {**report, "finished": True})
+        save(finished=True)
     return report["error"] is None
 
 
@@ -97,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
             cases = importlib.import_module(cases_name)
             specs = cases.case_specs(w.world_size, options)
             groups = make_groups(specs, w)
-            tracer.install()
+            tracer.control = groups["control"]
+            tracer.install(w.world_size)
             for k, path in enumerate(paths):
                 folder = os.path.join(run_dir, str(k)) if shared else run_dir
                 os.makedirs(folder, exist_ok=True)

@@ -48,22 +48,25 @@ class Run:
     ranks: list[RankResult]
     launch_error: str | None  # the launcher's message when a rank died or time ran out
     seconds: float
+    path: str = ""  # the learner's file
 
     def case_results(self) -> list[tuple[dict, dict[int, dict]]]:
-        """[(first summary, {rank: summary})] for every case, in the order they ran."""
+        """[(first summary, {rank in the case's group: summary})] for every case, in the
+        order they ran (a summary's "global_rank" is the rank's number in the world)."""
         order, found = [], {}
         for rank in self.ranks:
             for summary in rank.cases:
                 if summary["name"] not in found:
                     order.append(summary)
                     found[summary["name"]] = {}
-                found[summary["name"]][rank.rank] = summary
+                found[summary["name"]][summary["group_rank"]] = {**summary,
+                                                                 "global_rank": rank.rank}
         return [(s, found[s["name"]]) for s in order]
 
     def finished_cases(self) -> list[tuple[dict, dict[int, dict]]]:
         """The cases every rank that took part finished, in order."""
         return [(s, by_rank) for s, by_rank in self.case_results()
-                if len(by_rank) == s.get("ranks", self.world_size)]
+                if len(by_rank) == len(s["members"])]
 
 
 def _read(path: str) -> dict:
@@ -112,6 +115,7 @@ def run_file(cases_module: str, learner: LearnerFile, world_size: int,
     """Run ``cases_module``'s cases on ``learner``'s file on ``world_size`` processes."""
     kept = PRELAUNCHED.pop(run_key(cases_module, learner.path, world_size, options), None)
     if kept is not None:
+        kept.path = learner.path
         return kept
     folder = tempfile.mkdtemp(prefix="course-check-")
     deadline_s = pg_timeout_s + STARTUP_S if deadline_s is None else deadline_s
@@ -122,7 +126,7 @@ def run_file(cases_module: str, learner: LearnerFile, world_size: int,
         ranks = [read_rank(folder, r) for r in range(world_size)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return Run(world_size, ranks, launch_error, time.monotonic() - start)
+    return Run(world_size, ranks, launch_error, time.monotonic() - start, learner.path)
 
 
 def prelaunch(cases_module: str, paths: list[str], world_size: int,
@@ -141,7 +145,7 @@ def prelaunch(cases_module: str, paths: list[str], world_size: int,
                 break  # this one stopped early: it and the ones after it run alone
             seconds = time.monotonic() - start
             PRELAUNCHED[run_key(cases_module, path, world_size, options)] = Run(
-                world_size, ranks, None, seconds)
+                world_size, ranks, None, seconds, path)
             kept += 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)

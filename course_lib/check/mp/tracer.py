@@ -24,6 +24,7 @@ it tells an endless loop from a wait.
 
 from __future__ import annotations
 
+import ast
 import collections
 import datetime
 import functools
@@ -31,6 +32,7 @@ import importlib
 import inspect
 import linecache
 import os
+import re
 import sys
 import threading
 import time
@@ -56,6 +58,7 @@ WHERE_EVERY_S = 0.5
 
 
 _real_path = functools.lru_cache(maxsize=512)(os.path.realpath)
+CALLED = re.compile(r"([A-Za-z_][\w.]*)\s*\(")  # the first call on a line of code
 
 
 class PeerOutsideGroup(ValueError):
@@ -72,13 +75,15 @@ class CaseLog:
     collectives: list = field(default_factory=list)  # names of collectives called
     library: list = field(default_factory=list)  # library functions called
     handed: list = field(default_factory=list)  # (call, dtype, numel) of each of those calls
+    blocking: list = field(default_factory=list)  # collectives called without async_op
     handles: list = field(default_factory=list)  # every TracedWork handed out
 
     def summary(self) -> dict:
         unwaited = [h.describe() for h in self.handles if not h.done]
         return {"bytes_sent": self.bytes_sent, "messages": self.messages,
                 "calls": sorted(self.calls), "collectives": self.collectives,
-                "library": self.library, "handed": self.handed, "unwaited": unwaited}
+                "library": self.library, "handed": self.handed, "blocking": self.blocking,
+                "unwaited": unwaited}
 
 
 class _Wrapped:
@@ -144,10 +149,11 @@ class Tracer:
         self.log: CaseLog | None = None  # the case being watched, or None
         self.case, self.members, self.last = "", None, {}
         self.inside = None  # the library function running now, if any
+        self.control = None  # the checker's own group of every rank (program.make_groups)
         self._main = threading.main_thread().ident
         self._signatures = {}
 
-    def retarget(self, run_dir: str, learner_file: str) -> None:
+    def retarget(self, run_dir: str, learner_file: str, report: dict | None = None) -> None:
         """Trace another learner's file, into another run folder (a shared launch)."""
         self.learner_file = _real_path(learner_file)
         self.status_path = os.path.join(run_dir, f"status{self.rank}.json")
@@ -167,6 +173,33 @@ class Tracer:
         frame = self.learner_frame()
         return None if frame is None else frame.f_lineno
 
+    def learner_call(self, default: str) -> str:
+        """The function the learner's current line calls ("reduce_scatter_bucket",
+        "dist.all_reduce"), read from the line; ``default`` when none is found."""
+        line = self.learner_line()
+        source = linecache.getline(self.learner_file, line).strip() if line else ""
+        try:  # the first call by a name (dist.all_reduce(...).get_future(): dist.all_reduce)
+            calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+                     and not any(isinstance(m, ast.Call) for m in ast.walk(n.func))]
+            first = min(calls, key=lambda n: n.col_offset, default=None)
+            return ast.unparse(first.func) if first else default
+        except SyntaxError:  # a line of a longer statement
+            found = CALLED.search(source)
+            return found.group(1) if found else default
+
+    def barrier(self) -> None:
+        """Wait for every rank, in a group the learner's code never sees (a case's own
+        barrier cannot meet one the learner's code left waiting)."""
+        dist.barrier(group=self.control)
+
+    def between(self, case: str | None) -> None:
+        """The checker's own barrier before ``case`` (None: past it): waiting there is not the
+        learner's doing. The status keeps the case this rank finished last, and how often it
+        called each collective in it (a peer may wait in one of them)."""
+        self.last = {**self.last, "rank": self.rank, "time": time.time(),
+                     "op": "between cases" if case else None, "line": None, "next": case}
+        write_json_atomic(self.status_path, self.last)
+
     def open_handles(self, waited=None) -> list[dict]:
         """The isend/irecv handles of this case not waited on yet (but ``waited``)."""
         handles = self.log.handles if self.log is not None else []
@@ -185,7 +218,7 @@ class Tracer:
 
     # ---- installing the wrappers ------------------------------------------------------------
 
-    def install(self) -> None:
+    def install(self, world_size: int | None = None) -> None:
         for name in POINT_TO_POINT:
             setattr(dist, name, _Wrapped(getattr(dist, name), self._point_to_point(name)))
         dist.batch_isend_irecv = _Wrapped(dist.batch_isend_irecv, self._batch)
@@ -210,6 +243,11 @@ class Tracer:
                 finally:
                     self.inside = None
             self._check_group(original, args, kwargs)
+            try:
+                if not self._bound(original, args, kwargs).get("async_op"):
+                    self.log.blocking.append(original.__name__)
+            except TypeError:
+                pass  # torch reports a wrong call itself
             self.status(op=original.__name__, line=self.learner_line())  # it may wait: say so
             result = original(*args, **kwargs)  # a timeout leaves the status as it is
             self.status(op=None)
@@ -243,7 +281,8 @@ class Tracer:
             raise PeerOutsideGroup(
                 f"rank {self.rank} called {original.__name__} on the whole world, ranks "
                 f"0..{world - 1}, but this case gave your function a group of ranks "
-                f"{list(self.members)}: pass that group to {original.__name__} (group=...)")
+                f"{list(self.members)}: pass that group to "
+                f"{self.learner_call(original.__name__)} (group=...)")
 
     def _peer(self, name: str, original, args, kwargs):
         """(tensor, global peer rank or None) of a point-to-point call."""
@@ -263,7 +302,7 @@ class Tracer:
             raise PeerOutsideGroup(
                 f"{self.inside} sent on the whole world, ranks 0..{dist.get_world_size() - 1}, "
                 f"but this case gave your function a group of ranks {list(self.members)}: "
-                f"pass that group to {self.inside} too")
+                f"pass that group to {self.learner_call(self.inside)} too")
         raise PeerOutsideGroup(
             f"rank {self.rank} called {name} {way} rank {peer}, which is not in the group "
             f"passed to the function (ranks {list(self.members)}): take the rank and the size "

@@ -18,6 +18,18 @@ from course_lib.check.mp.runner import Run
 
 SIZE_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match")
 SENDING = ("send", "isend")
+SHAPE_ERRORS = ("must match the size of tensor", "shape mismatch", "size mismatch",
+                "match the broadcast shape", "assign a gradient of size", "cannot be multiplied",
+                "is invalid for input of size", "xpected size", "out of bounds",
+                "does not match", "must have the same shape", "must have same shape",
+                "must match the existing size", "expanded size")
+SHAPES = ("A tensor of another size than the line expects: compare the shapes your function is "
+          "handed (its docstring says them) with those this line makes.")
+
+
+def is_shape_error(message: str) -> bool:
+    """Whether torch raised ``message`` for tensors of sizes that do not fit together."""
+    return any(words in message for words in SHAPE_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,8 @@ def learner_error_message(run: Run, learner: LearnerFile, explain=None) -> str |
     inside = f" in {e['function']}" if e["function"] and e["function"] != "<module>" else ""
     source = f"\n    {e['source']}" if e["source"] else ""
     extra = (explain(e, _text(learner.path)) or "") if explain else ""
+    if not extra and is_shape_error(e["message"]):
+        extra = SHAPES
     if not e.get("case") and not extra:  # raised while the file was imported
         extra = ("The checker imports the file, which runs its top-level code: keep code that "
                  "tries the functions out under `if __name__ == \"__main__\":`.")
@@ -172,6 +186,8 @@ def _now(r) -> str | None:
     """Where a stopped rank was (which call, which line of the learner's file), if known."""
     status, blocked = r.status, _blocked_on(r.status)
     at = f" (line {status['line']})" if status.get("line") else ""
+    if status.get("op") == "between cases":
+        return f"rank {r.rank} had finished the case"
     if blocked:
         return f"rank {r.rank} {_phrase(*blocked, True)}{at}"
     if status.get("op"):

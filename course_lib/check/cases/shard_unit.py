@@ -1,27 +1,35 @@
-"""ZeRO-3's moments for one wrapped module: the cases of exercise 10.7, run by
-``course_lib.check.mp.program``.
+"""Exercise 10.7, ZeRO-3's moments for one wrapped module: ``unshard(unit)``, ``reshard(unit)``
+and ``reduce_grad(unit)`` in the learner's file, inside the course's ``fully_shard``.
 
-Each case builds the same small float64 model on every rank (a first layer, two residual
-blocks, a last layer), wraps the blocks and then the root with the course's ``fully_shard``
-machinery (``shard_module``), whose ``FlatShard`` calls the learner's ``unshard(unit)``,
-``reshard(unit)`` and ``reduce_grad(unit)`` at its moments: before the module computes (in
+Rank side: each case builds the same small float64 model on every rank (a first layer, two
+residual blocks, a last layer), wraps the blocks and then the root with ``shard_module``, whose
+``FlatShard`` calls the learner's functions at its moments: before the module computes (in
 forward, and again in backward), after forward, and when backward has left the module's whole
 gradient in ``unit.full.grad``. Right after each call the case looks at what the call left
-(memory behind ``unit.full``, this rank's own place in it, ``unit.full.grad``,
-``unit.shard.grad``) and stops with a ``CaseFinding`` that says what is wrong. Each rank trains
-on its own batches with SGD with momentum over ``model.parameters()`` (the shards);
-``reference`` is plain data parallelism (the mean gradient, an unsharded model), computed here.
+(memory behind ``unit.full``, every rank's place in it, ``unit.full.grad``, ``unit.shard.grad``,
+the bytes it sent) and stops with a ``CaseFinding`` that says what is wrong. Each rank trains on
+its own batches with SGD with momentum over the shards. On 3 and 4 processes a case runs on a
+group of ranks [1, 2] or [1, 3].
+
+Kernel side: ``reference`` is plain data parallelism (the mean gradient, an unsharded model).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.check.answers import close
+from course_lib.check.cases import global_rank_sentence, members, rank_name, subgroup
+from course_lib.check.checker import expect
+from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.learner import CaseFinding
-from course_lib.check.mp.tracer import Tracer
+from course_lib.check.mp.tracer import ALL_REDUCES, Tracer
+from course_lib.check.mp.verdict import Advice, is_shape_error
 from course_lib.core.flat_shard import FlatShard, parameter_places
 from course_lib.core.fully_shard import shard_module
 
@@ -52,18 +60,15 @@ class Net(nn.Module):
 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
-    n = world_size
-    specs = [{"name": "2 steps, two blocks and the root", "steps": 2, "accum": 1, "ranks": n},
+    specs = [{"name": "2 steps, two blocks and the root", "steps": 2, "accum": 1},
              {"name": "2 steps, block 0 used twice in forward", "twice": True, "steps": 2,
-              "accum": 1, "ranks": n},
-             {"name": "1 step of 2 backward passes (accumulation)", "steps": 1, "accum": 2,
-              "ranks": n}]
-    if n >= 3:
-        specs.append({"name": f"a group of ranks 0..{n - 2} (not the whole world)", "steps": 1,
-                      "accum": 1, "ranks": n - 1})
-    for i, spec in enumerate(specs):
-        spec.update(seed=i, twice=spec.get("twice", False))
-    return specs
+              "accum": 1},
+             {"name": "1 step of 2 backward passes (accumulation)", "steps": 1, "accum": 2}]
+    if world_size >= 3:
+        ranks = subgroup(world_size)
+        specs.append({"name": f"a group of ranks {ranks} (not the whole world)", "steps": 1,
+                      "accum": 1, "members": ranks})
+    return [{"twice": False, **spec, "seed": i} for i, spec in enumerate(specs)]
 
 
 def make_model(spec: dict) -> Net:
@@ -78,9 +83,9 @@ def batch(spec: dict, rank: int, step: int, micro: int = 0) -> tuple[torch.Tenso
             torch.randint(0, CLASSES, (BATCH,), generator=g))
 
 
-def reference(spec: dict, grad_scale: float = 1.0) -> tuple[list, dict]:
-    """Plain data parallelism: each step's loss on each rank, and the parameters at the end
-    (``grad_scale`` N: stepped with the sum of the ranks' gradients)."""
+def reference(spec: dict, ranks: int, grad_scale: float = 1.0) -> tuple[list, dict]:
+    """Plain data parallelism on ``ranks`` ranks: each step's loss on each rank, and the
+    parameters at the end (``grad_scale`` N: stepped with the sum of the ranks' gradients)."""
     model = make_model(spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     losses = []  # losses[step * accum + micro][rank]
@@ -88,9 +93,8 @@ def reference(spec: dict, grad_scale: float = 1.0) -> tuple[list, dict]:
         optimizer.zero_grad(set_to_none=True)
         for micro in range(spec["accum"]):
             mine = [F.cross_entropy(model(x), y) for x, y in
-                    (batch(spec, rank, step, micro) for rank in range(spec["ranks"]))]
-            scale = grad_scale / spec["ranks"] / spec["accum"]  # the mean over ranks and micro
-            (sum(mine) * scale).backward()
+                    (batch(spec, rank, step, micro) for rank in range(ranks))]
+            (sum(mine) * grad_scale / ranks / spec["accum"]).backward()  # the mean
             losses.append([loss.item() for loss in mine])
         optimizer.step()
     return losses, {k: v.detach().tolist() for k, v in model.named_parameters()}
@@ -101,16 +105,14 @@ def bytes_of(tensor: torch.Tensor) -> int:
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+    return close(a, b, 0, 0)
 
 
 class LearnerShard(FlatShard):
     """A flat shard whose gather, free and reduce-scatter are the learner's functions."""
 
-    learner = None  # the learner's module: set before the model is wrapped
-    log = None  # the case's CaseLog: what the learner's calls sent
+    learner = log = name = None  # the learner's module, the case's CaseLog, the module's name
     stepped = False  # True after the case's first optimizer step
-    name = None  # the wrapped module's name, once the case knows it
     moment = "before its forward"  # when FlatShard calls unshard: forward, or backward
 
     def __init__(self, module: nn.Module, *args, **kwargs):
@@ -128,13 +130,15 @@ class LearnerShard(FlatShard):
         return None
 
     def unshard(self, async_op: bool = False) -> None:
-        was_whole, sent = bytes_of(self.full) > 0, self.sent()
+        was_whole, before = bytes_of(self.full) > 0, self.sent()
         self.learner.unshard(self)
         self.expect_same_tensor("unshard")
-        if was_whole and self.sent() != sent:
+        sent = [a - b for a, b in zip(self.sent(), before, strict=True)]
+        if was_whole and any(sent):
             raise CaseFinding(f"unshard(unit) for {self.name} gathered again while unit.full "
                               "was whole already (a module used twice, its second use): "
                               "messages sent for nothing")
+        self.expect_share(sent[0], "unshard", "an all-gather")
         whole = self.full.numel() * self.full.element_size()
         if bytes_of(self.full) != whole:
             raise CaseFinding(f"after unshard(unit) for {self.name} {self.moment}, unit.full "
@@ -155,25 +159,43 @@ class LearnerShard(FlatShard):
         log = self.log
         return log.bytes_sent, len(log.collectives) + len(log.library) + log.messages
 
+    def expect_share(self, sent: int, call: str, what: str) -> None:
+        """A gather or a reduce-scatter sends (N-1)/N of unit.full from every rank."""
+        share = self.full.numel() * self.full.element_size() * (self.world_size - 1) // \
+            self.world_size
+        if sent > share:
+            raise CaseFinding(f"{call}(unit) for {self.name} sent {sent} bytes from rank "
+                              f"{self.rank}: {what} sends (N-1)/N of the module's "
+                              f"{self.full.numel()} values, {share} bytes on "
+                              f"{self.world_size} ranks" + ("; an all-reduce twice that"
+                                                           if call == "reduce_grad" else ""))
+
     def expect_shards(self) -> None:
         """Every rank's place holds its shard: all of them before the first step (the values
         every rank starts from), this rank's own after it."""
         r, s, full = self.rank, self.shard_numel, self.full.detach()
-        if not self.stepped:
-            for k in range(self.world_size):
-                want = self.first[k * s:(k + 1) * s].to(full.dtype)
-                if not same(full[k * s:k * s + want.numel()], want):
-                    raise CaseFinding(f"after unshard(unit) for {self.name}, values "
-                                      f"{k * s}..{k * s + want.numel() - 1} of unit.full on "
-                                      f"rank {r} are not rank {k}'s shard")
+        for k in range(self.world_size) if not self.stepped else ():
+            want = self.first[k * s:(k + 1) * s].to(full.dtype)
+            if not same(full[k * s:k * s + want.numel()], want):
+                raise CaseFinding(f"after unshard(unit) for {self.name}, values "
+                                  f"{k * s}..{k * s + want.numel() - 1} of unit.full on "
+                                  f"rank {r} are not rank {k}'s shard")
         if not same(full[r * s:(r + 1) * s], self.shard.detach().to(full.dtype)):
             raise CaseFinding(f"after unshard(unit) for {self.name}, rank {r}'s own place in "
                               f"unit.full (values {r * s}..{(r + 1) * s - 1}) does not hold "
                               "its shard")
 
     def reduce_grad(self, full: torch.Tensor) -> None:
-        whole_grad = self.full.grad
+        log, whole_grad = self.log, self.full.grad
+        sent, before = log.bytes_sent, (len(log.collectives), len(log.library))
         self.learner.reduce_grad(self)
+        reduced = sorted(ALL_REDUCES & {*log.collectives[before[0]:], *log.library[before[1]:]})
+        if reduced:
+            raise CaseFinding(f"reduce_grad(unit) for {self.name} all-reduces the gradient "
+                              f"({reduced[0]}): every rank receives the sum of every chunk "
+                              "and keeps one; a reduce-scatter hands each rank only its own "
+                              "chunk's sum, half the bytes")
+        self.expect_share(self.log.bytes_sent - sent, "reduce_grad", "a reduce-scatter")
         got = self.shard.grad
         if got is not None and got.untyped_storage().data_ptr() == \
                 whole_grad.untyped_storage().data_ptr():
@@ -233,7 +255,7 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
     rank = dist.get_rank(group)
     model = make_model(spec)
     losses = []
-    with tracer.watching(spec["name"], range(spec["ranks"])) as log:
+    with tracer.watching(spec["name"], members(spec)) as log:
         wrap(model, learner, group, log)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         for step in range(spec["steps"]):
@@ -246,5 +268,59 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
             optimizer.step()
             optimizer.zero_grad()
             LearnerShard.stepped = True
-    params = {k: v.tolist() for k, v in model.full_state_dict().items()}
-    return {"name": spec["name"], "ranks": spec["ranks"], "losses": losses, "params": params}
+    return {"losses": losses,
+            "params": {k: v.tolist() for k, v in model.full_state_dict().items()}}
+
+
+# ---- the judge (in the kernel) --------------------------------------------------------------
+
+def judge_loss(got: float, want: float, who: str, forward: int) -> None:
+    expect(math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12),
+           f"{who}'s loss in forward {forward + 1} is {got:.6f}, plain data parallelism's "
+           f"{want:.6f}: " + ("the first forward computed with other numbers than the model's, "
+                              "so the gathered parameters are not every rank's shard, each in "
+                              "its place" if forward == 0 else
+                              "the parameters it computed with were not the same"))
+
+
+def judge(spec: dict, by_rank: dict, run) -> None:
+    """The first forward's losses, then the parameters after the steps, then every loss."""
+    n = len(by_rank)
+    losses, params = reference(spec, n)
+    for rank in range(n):
+        judge_loss(by_rank[rank]["losses"][0], losses[0][rank], rank_name(by_rank, rank), 0)
+    for rank in range(n):
+        who, got = rank_name(by_rank, rank), by_rank[rank]["params"]
+        wrong = [k for k in params if not close(got[k], params[k])]
+        summed = reference(spec, n, grad_scale=n)[1]
+        expect(not wrong or any(not close(got[k], summed[k]) for k in summed),
+               "the steps used the SUM of the ranks' gradients: the reduce-scatter adds them "
+               "up, and plain data parallelism steps with their mean")
+        expect(not wrong or spec["accum"] == 1,
+               f"after {spec['accum']} backward passes and one step, {who}'s "
+               f"{', '.join(wrong[:1])} differs from plain data parallelism's: each backward "
+               "calls reduce_grad once, "
+               "and what an earlier one left in unit.shard.grad must stay in the sum")
+        expect(not wrong, f"after {spec['steps']} steps, {who}'s {', '.join(wrong[:1])} "
+                          "differs from plain data parallelism's, though the first forward "
+                          "was right: look at the gradient each shard gets")
+        for i in range(1, len(losses)):
+            judge_loss(by_rank[rank]["losses"][i], losses[i][rank], who, i)
+
+
+def explain(error: dict, text: str) -> str:
+    if not is_shape_error(error["message"]):
+        return ""
+    return global_rank_sentence(error, text) or (
+        "unit.shard holds s values, this rank's shard: its gradient has that shape, and the "
+        "module's whole gradient, N*s values, does not fit it.")
+
+
+EXERCISE = FileExercise(
+    "10.7", "workspace/my_flat_shard.py", ("unshard", "reshard", "reduce_grad"), __name__,
+    Advice.unpaired("every rank must gather and reduce-scatter each module at the same "
+                    "moments, with the unit's own group", calls="collectives"), judge,
+    library=dict.fromkeys(("course_lib.core.flat_shard", "course_lib.core.fully_shard"),
+                          "that is the course's own fully_shard: write the three moments "
+                          "yourself, from the ring's two halves"),
+    explain=explain, deadline_s=60.0, entry="check.nb10b.my_flat_shard")
