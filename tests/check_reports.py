@@ -106,3 +106,29 @@ def assert_passes(capsys, checker, *answer) -> None:
     """``checker(*answer)`` prints that the exercise is correct, and nothing else."""
     checker(*answer)
     assert capsys.readouterr().out == f"Exercise {checker.exercise_id}: correct.\n"
+
+
+def standard_tests(*exercises) -> tuple:
+    """The tests every function exercise gets, for ``exercises``: (checker, right answers,
+    [(wrong answer, its hint)], words no hint may say). Each right answer passes; each wrong
+    one gets its hint and no other's, giving nothing away; an open answer is not done yet.
+    Assign the three to names starting with ``test_`` in a test module."""
+    right = [pytest.param(checker, answer, id=f"{checker.exercise_id}-{i}")
+             for checker, answers, *_ in exercises for i, answer in enumerate(answers)]
+    wrong = [pytest.param(checker, answer, hint, mistakes, never, id=f"{checker.exercise_id}-{i}")
+             for checker, _, mistakes, *rest in exercises for never in [rest[0] if rest else ()]
+             for i, (answer, hint) in enumerate(mistakes)]
+
+    @pytest.mark.parametrize("checker, answer", right)
+    def right_answers(capsys, checker, answer):
+        assert_passes(capsys, checker, answer)
+
+    @pytest.mark.parametrize("checker, answer, hint, mistakes, never", wrong)
+    def wrong_answers(checker, answer, hint, mistakes, never):
+        shown = assert_hint_only(checker, answer, hint, mistakes)
+        assert not [words for words in never if words in shown], shown
+
+    def open_answers(capsys):
+        assert_not_done(capsys, *(checker for checker, *_ in exercises))
+
+    return right_answers, wrong_answers, open_answers

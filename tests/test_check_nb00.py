@@ -4,8 +4,7 @@ the answers hand back what launch would).
 Both exercises are about using launch, so there is no "calls the course's own solution" case.
 """
 
-import pytest
-from check_reports import assert_hint_only, assert_not_done, assert_passes, hint_of
+from check_reports import hint_of, standard_tests
 
 from course_lib.check.nb00 import caught_failure, hello_on_three
 from course_lib.runtime.launch import LaunchError, LaunchResult
@@ -13,10 +12,6 @@ from course_lib.runtime.launch import LaunchError, LaunchResult
 
 def run_with_ranks(ranks):
     return LaunchResult(0, "", [{"rank": r} for r in ranks], 1.0)
-
-
-def test_hello_on_three_reference(capsys):
-    assert_passes(capsys, hello_on_three, lambda: run_with_ranks([0, 1, 2]))
 
 
 def forgot_return():
@@ -32,15 +27,6 @@ HELLO_MISTAKES = [
      "the module you launched is not course_lib.demos.hello"),
     (lambda: LaunchResult(0, "", {"total": 3}, 1.0), "does not hold the ranks' reports"),
 ]
-
-
-@pytest.mark.parametrize("wrong, hint", HELLO_MISTAKES)
-def test_hello_on_three_wrong_answers(wrong, hint):
-    assert_hint_only(hello_on_three, wrong, hint, HELLO_MISTAKES)
-
-
-def test_caught_failure_reference(capsys):
-    assert_passes(capsys, caught_failure, lambda: LaunchError("rank 2 failed (exit code 1) in ..."))
 
 
 def not_caught():
@@ -63,16 +49,13 @@ CAUGHT_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", CAUGHT_MISTAKES)
-def test_caught_failure_wrong_answers(wrong, hint):
-    assert_hint_only(caught_failure, wrong, hint, CAUGHT_MISTAKES)
-
-
 def test_an_uncaught_failure_shows_the_learners_line():
     shown = hint_of(caught_failure, not_caught)
     assert 'raise LaunchError("rank 2 failed (exit code 1) in ...")' in shown
     assert "the LaunchError escaped your function" in shown
 
 
-def test_not_done_yet(capsys):
-    assert_not_done(capsys, hello_on_three, caught_failure)
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((hello_on_three, [lambda: run_with_ranks([0, 1, 2])], HELLO_MISTAKES),
+                   (caught_failure, [lambda: LaunchError("rank 2 failed (exit code 1) in ...")],
+                    CAUGHT_MISTAKES))

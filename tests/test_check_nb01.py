@@ -2,18 +2,12 @@
 kind, calling autograd or the course's own version, off by a factor or a sign) get the hint
 that names their mistake, in a short report without checker code."""
 
-import pytest
 import torch
 import torch.nn.functional as F
-from check_reports import assert_hint_only, assert_not_done, assert_passes
+from check_reports import standard_tests
 
 from course_lib.check.nb01 import central_difference, logistic_gradient, per_example
 from course_lib.lessons import gradients
-
-
-def test_central_difference_reference(capsys):
-    assert_passes(capsys, central_difference,
-                  lambda f, x, eps: (f(x + eps) - f(x - eps)) / (2 * eps))
 
 
 def with_the_library(f, x, eps):
@@ -32,11 +26,6 @@ CENTRAL_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", CENTRAL_MISTAKES)
-def test_central_difference_wrong_answers(wrong, hint):
-    assert_hint_only(central_difference, wrong, hint, CENTRAL_MISTAKES)
-
-
 def right_logistic(w, x, y):
     return x.T @ (torch.sigmoid(x @ w) - y) / x.shape[0]
 
@@ -45,10 +34,6 @@ def with_autograd(w, x, y):
     w = w.clone().requires_grad_()
     gradients.logistic_loss(w, x, y).backward()
     return w.grad
-
-
-def test_logistic_gradient_reference(capsys):
-    assert_passes(capsys, logistic_gradient, right_logistic)
 
 
 LOGISTIC_MISTAKES = [
@@ -61,11 +46,6 @@ LOGISTIC_MISTAKES = [
     (with_autograd, "asks autograd"),
     (gradients.logistic_grad_by_hand, "calls gradients.logistic_grad_by_hand, the course's own"),
 ]
-
-
-@pytest.mark.parametrize("wrong, hint", LOGISTIC_MISTAKES)
-def test_logistic_gradient_wrong_answers(wrong, hint):
-    assert_hint_only(logistic_gradient, wrong, hint, LOGISTIC_MISTAKES)
 
 
 def flat(model):
@@ -99,10 +79,6 @@ def rows_as_list(model, x, y):
     return list(right_per_example(model, x, y))
 
 
-def test_per_example_reference(capsys):
-    assert_passes(capsys, per_example, right_per_example)
-
-
 PER_EXAMPLE_MISTAKES = [
     (forgot_zero_grad, "nothing in your loop clears it"),
     (whole_batch, "your backward runs on the loss of the whole batch"),
@@ -114,10 +90,7 @@ PER_EXAMPLE_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", PER_EXAMPLE_MISTAKES)
-def test_per_example_wrong_answers(wrong, hint):
-    assert_hint_only(per_example, wrong, hint, PER_EXAMPLE_MISTAKES)
-
-
-def test_not_done_yet(capsys):
-    assert_not_done(capsys, central_difference, logistic_gradient, per_example)
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((central_difference, [lambda f, x, eps: (f(x + eps) - f(x - eps)) / (2 * eps)],
+                    CENTRAL_MISTAKES), (logistic_gradient, [right_logistic], LOGISTIC_MISTAKES),
+                   (per_example, [right_per_example], PER_EXAMPLE_MISTAKES))

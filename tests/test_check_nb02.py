@@ -4,9 +4,8 @@ hint that names their mistake, in a short report without checker code."""
 
 import math
 
-import pytest
 import torch
-from check_reports import assert_hint_only, assert_not_done, assert_passes
+from check_reports import standard_tests
 
 from course_lib.check.nb02 import accumulation_plan, training_bytes
 from course_lib.lessons import memory
@@ -31,10 +30,6 @@ def measured(model, name):  # the notebook's measurement instead of a count
     return parts["parameters"] + parts["gradients"] + parts["optimizer state"]
 
 
-def test_training_bytes_reference(capsys):
-    assert_passes(capsys, training_bytes, right_bytes)
-
-
 BYTES_MISTAKES = [
     (lambda m, n: (2 + COPIES[n]) * elements(m), "you count numbers, not bytes"),
     (lambda m, n: right_bytes(m, n) // (2 + COPIES[n]) * (1 + COPIES[n]),
@@ -52,11 +47,6 @@ BYTES_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", BYTES_MISTAKES)
-def test_training_bytes_wrong_answers(wrong, hint):
-    assert_hint_only(training_bytes, wrong, hint, BYTES_MISTAKES)
-
-
 def right_steps(budget, fixed, per_example, global_batch):
     largest = math.floor((budget - fixed) / per_example)
     if largest < 1:
@@ -67,10 +57,6 @@ def right_steps(budget, fixed, per_example, global_batch):
 def with_the_library(budget, fixed, per_example, global_batch):
     largest = memory.largest_batch_that_fits(budget, fixed, per_example)
     return memory.accumulation_steps_needed(global_batch, largest)
-
-
-def test_accumulation_plan_reference(capsys):
-    assert_passes(capsys, accumulation_plan, right_steps)
 
 
 PLAN_MISTAKES = [
@@ -90,10 +76,6 @@ PLAN_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", PLAN_MISTAKES)
-def test_accumulation_plan_wrong_answers(wrong, hint):
-    assert_hint_only(accumulation_plan, wrong, hint, PLAN_MISTAKES)
-
-
-def test_not_done_yet(capsys):
-    assert_not_done(capsys, training_bytes, accumulation_plan)
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((training_bytes, [right_bytes], BYTES_MISTAKES),
+                   (accumulation_plan, [right_steps], PLAN_MISTAKES))

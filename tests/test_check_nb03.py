@@ -5,10 +5,9 @@ hint that names their mistake, and only that one, in a short report without chec
 Exercise 3.3 has no "calls the course's own version" case: no course function returns the
 weights (the notebook's pitfalls.uneven_accumulated_grad returns a gradient)."""
 
-import pytest
 import torch
 import torch.nn.functional as F
-from check_reports import assert_hint_only, assert_not_done, assert_passes
+from check_reports import standard_tests
 
 from course_lib.check.nb03 import accumulate, token_normalisation, uneven_weights
 from course_lib.core import accumulation
@@ -34,10 +33,6 @@ def detached(model, x, y, k):
         (F.cross_entropy(model(xm), ym).detach() / k).backward()
 
 
-def test_accumulate_reference(capsys):
-    assert_passes(capsys, accumulate, scaled_by(lambda k: 1 / k))
-
-
 ACCUMULATE_MISTAKES = [
     (scaled_by(lambda k: 1), "your gradient points the right way but is 3 times too large"),
     (scaled_by(lambda k: 1 / k**2), "3 times too small"),
@@ -47,15 +42,6 @@ ACCUMULATE_MISTAKES = [
     (detached, "RuntimeError: element 0 of tensors does not require grad"),
     (lambda model, x, y, k: pitfalls.accumulate(model, x, y, k), "calls pitfalls.accumulate"),
 ]
-
-
-@pytest.mark.parametrize("wrong, hint", ACCUMULATE_MISTAKES)
-def test_accumulate_wrong_answers(wrong, hint):
-    assert_hint_only(accumulate, wrong, hint, ACCUMULATE_MISTAKES)
-
-
-def test_token_normalisation_reference(capsys):
-    assert_passes(capsys, token_normalisation, lambda loss_sum, micro, total, k: loss_sum / total)
 
 
 MEAN_OF_MEANS = "this is a mean of micro-batch means"
@@ -77,17 +63,6 @@ TOKEN_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", TOKEN_MISTAKES)
-def test_token_normalisation_wrong_answers(wrong, hint):
-    assert_hint_only(token_normalisation, wrong, hint, TOKEN_MISTAKES)
-
-
-def test_uneven_weights_reference(capsys):
-    uneven_weights(lambda sizes: [n / sum(sizes) for n in sizes])
-    uneven_weights(lambda sizes: torch.tensor(sizes) / sum(sizes))  # a tensor of weights is fine
-    assert capsys.readouterr().out == "Exercise 3.3: correct.\n" * 2
-
-
 EQUAL = "every micro-batch gets the same weight"
 
 
@@ -105,11 +80,10 @@ WEIGHT_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", WEIGHT_MISTAKES)
-def test_uneven_weights_wrong_answers(wrong, hint):
-    shown = assert_hint_only(uneven_weights, wrong, hint, WEIGHT_MISTAKES)
-    assert "n_j / N" not in shown and "sum(sizes)" not in shown  # no formula given away
-
-
-def test_not_done_yet(capsys):
-    assert_not_done(capsys, accumulate, token_normalisation, uneven_weights)
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((accumulate, [scaled_by(lambda k: 1 / k)], ACCUMULATE_MISTAKES),
+                   (token_normalisation, [lambda loss_sum, micro, total, k: loss_sum / total],
+                    TOKEN_MISTAKES),
+                   (uneven_weights, [lambda sizes: [n / sum(sizes) for n in sizes],
+                                     lambda sizes: torch.tensor(sizes) / sum(sizes)],  # a tensor
+                    WEIGHT_MISTAKES, ("n_j / N", "sum(sizes)")))  # no formula given away

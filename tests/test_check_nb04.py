@@ -3,9 +3,8 @@ kind, calling the course's replicas.* that the notebook uses, summing, interleav
 wasted warmup step) get the hint that names their mistake, in a short report without checker
 code."""
 
-import pytest
 import torch
-from check_reports import assert_hint_only, assert_not_done, assert_passes
+from check_reports import standard_tests
 
 from course_lib.check.nb04 import average_gradients, shard, warmup
 from course_lib.lessons import replicas
@@ -56,10 +55,6 @@ def drops_the_last_grads(replica_list):
         p.grad = None
 
 
-def test_average_gradients_reference(capsys):
-    assert_passes(capsys, average_gradients, right_average)
-
-
 AVERAGE_MISTAKES = [
     (summed, "replica 0 holds the sum of the gradients, not their mean"),
     (only_rank_0, "replica 1 does not hold the mean gradient"),
@@ -70,20 +65,11 @@ AVERAGE_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", AVERAGE_MISTAKES)
-def test_average_gradients_wrong_answers(wrong, hint):
-    assert_hint_only(average_gradients, wrong, hint, AVERAGE_MISTAKES)
-
-
 def right_shard(x, rank, world):
     rows, left = divmod(len(x), world)
     if left:
         raise ValueError(f"{len(x)} rows do not split over {world} ranks")
     return x[rank * rows:(rank + 1) * rows]
-
-
-def test_shard_reference(capsys):
-    assert_passes(capsys, shard, right_shard)
 
 
 SHARD_MISTAKES = [
@@ -98,15 +84,6 @@ SHARD_MISTAKES = [
      "return the rank's rows as a tensor (a slice of x); your code returned a list"),
     (replicas.shard, "calls replicas.shard, the course's own version"),
 ]
-
-
-@pytest.mark.parametrize("wrong, hint", SHARD_MISTAKES)
-def test_shard_wrong_answers(wrong, hint):
-    assert_hint_only(shard, wrong, hint, SHARD_MISTAKES)
-
-
-def test_warmup_reference(capsys):
-    assert_passes(capsys, warmup, lambda step, peak, warm: peak * min(1.0, (step + 1) / warm))
 
 
 def as_library(step, peak_lr, warmup_steps):
@@ -129,11 +106,8 @@ WARMUP_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("wrong, hint", WARMUP_MISTAKES)
-def test_warmup_wrong_answers(wrong, hint):
-    shown = assert_hint_only(warmup, wrong, hint, WARMUP_MISTAKES)
-    assert "(step + 1)" not in shown and "min(" not in shown  # no formula given away
-
-
-def test_not_done_yet(capsys):
-    assert_not_done(capsys, average_gradients, shard, warmup)
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((average_gradients, [right_average], AVERAGE_MISTAKES),
+                   (shard, [right_shard], SHARD_MISTAKES),
+                   (warmup, [lambda step, peak, warm: peak * min(1.0, (step + 1) / warm)],
+                    WARMUP_MISTAKES, ("(step + 1)", "min(")))  # no formula given away

@@ -2,7 +2,7 @@
 value, the course's own solution called, a wrong computation) get a short, pointed hint."""
 
 import pytest
-from check_reports import assert_passes, shown_report
+from check_reports import shown_report, standard_tests
 
 from course_lib.check.cases import token_ring
 from course_lib.check.checker import LADDERS, ExerciseError
@@ -16,15 +16,11 @@ def reference_reduce_scatter(before):
     return [[sum(before[src][r] for src in range(n))] for r in range(n)]
 
 
-def test_reduce_scatter_reference(capsys):
-    assert_passes(capsys, reduce_scatter_by_hand, reference_reduce_scatter)
-
-
 def column_sums(before):
     return [sum(col) for col in zip(*before, strict=True)]
 
 
-@pytest.mark.parametrize("wrong, hint", [
+REDUCE_SCATTER_BY_HAND_MISTAKES = [
     (lambda before: [column_sums(before) for _ in before], "that is all-reduce"),
     (lambda before: [[before[r][r]] for r in range(len(before))], "kept its own number"),
     (lambda before: [[column_sums(before)[(r + 1) % len(before)]] for r in range(len(before))],
@@ -37,24 +33,13 @@ def column_sums(before):
      "your code returned a dict"),
     (lambda before: expected_after("reduce_scatter", before),
      "collective_definitions.expected_after"),
-])
-def test_reduce_scatter_wrong_answers(wrong, hint):
-    shown = shown_report(reduce_scatter_by_hand, wrong)
-    assert hint in shown, shown
+]
 
 
 def test_reduce_scatter_hints_do_not_give_the_answer_away():
     shown = shown_report(reduce_scatter_by_hand, lambda before: [[0.0] for _ in before])
     assert "expected" in shown and "sum over ranks of chunk r" not in shown
     assert "column r" in LADDERS["5.1"].pointer
-
-
-def test_reduce_scatter_not_done(capsys):
-    def hole(before):
-        raise NotImplementedError("Exercise 5.1")
-
-    reduce_scatter_by_hand(hole)
-    assert "Exercise 5.1: not done yet" in capsys.readouterr().out
 
 
 def reference_fit(n1, t1, n2, t2):
@@ -73,11 +58,7 @@ def test_the_library_fit_would_give_the_right_numbers():
     assert fitted == pytest.approx(reference_fit(1024, 1e-5 + 1024e-9, 2048, 1e-5 + 2048e-9))
 
 
-def test_two_point_fit_reference(capsys):
-    assert_passes(capsys, two_point_fit, reference_fit)
-
-
-@pytest.mark.parametrize("wrong, hint", [
+TWO_POINT_FIT_MISTAKES = [
     (lambda n1, t1, n2, t2: reference_fit(n1, t1, n2, t2)[::-1], "swapped"),
     (lambda n1, t1, n2, t2: (t1, (t2 - t1) / (n2 - n1)), "take their cost away"),
     (lambda n1, t1, n2, t2: (t1 - t2 / n2 * n1, t2 / n2), "its latency included"),
@@ -87,11 +68,7 @@ def test_two_point_fit_reference(capsys):
     (lambda n1, t1, n2, t2: {"alpha": reference_fit(n1, t1, n2, t2)[0]},
      "your code returned a dict"),
     (library_fit, "cost_model.fit_alpha_beta"),
-])
-def test_two_point_fit_wrong_answers(wrong, hint):
-    shown = shown_report(two_point_fit, wrong)
-    assert hint in shown, shown
-    assert "(t2 - t1) / (n2 - n1)" not in shown and "t1 - beta" not in shown
+]
 
 
 def test_the_token_rings_hints_ask_about_the_order_without_giving_it():
@@ -147,3 +124,10 @@ def test_the_token_ring_judge_refuses_the_other_exercises_calls():
     with pytest.raises(ExerciseError, match="pass_token_async called recv and send: in "
                                             "exercise 5.4 every message is started with"):
         token_ring.judge_case("pass_token_async", spec, by_rank)
+
+
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((reduce_scatter_by_hand, [reference_reduce_scatter],
+                    REDUCE_SCATTER_BY_HAND_MISTAKES),
+                   (two_point_fit, [reference_fit], TWO_POINT_FIT_MISTAKES,
+                    ("(t2 - t1) / (n2 - n1)", "t1 - beta")))

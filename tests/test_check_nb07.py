@@ -5,9 +5,9 @@ a launch reports (the launches themselves: test_check_file_exercises.py)."""
 import re
 
 import pytest
-from check_reports import assert_not_done, assert_passes, shown_report
+from check_reports import assert_not_done, shown_report, standard_tests
 
-from course_lib.check import nb07, own_work
+from course_lib.check import nb07
 from course_lib.check.cases import dp_step
 from course_lib.check.checker import ExerciseError
 from course_lib.check.hints import hint_text
@@ -57,7 +57,7 @@ def library_through_module(global_size, rank, k, world_size, accum_steps):
     return batching.micro_batch_slice(global_size, rank, k, world_size, accum_steps)
 
 
-@pytest.mark.parametrize("wrong, words", [
+SHARD_ROWS_MISTAKES = [
     (interleaved, "Rank r owns the contiguous block r"),
     (forgot_accumulation, "cut into world_size x accum_steps equal parts"),
     (lambda g, r, k, n, a: list(range(g))[reference_rows(g, r, k, n, a)], "return a slice"),
@@ -65,17 +65,10 @@ def library_through_module(global_size, rank, k, world_size, accum_steps):
     (library_rows, "uses the library's micro_batch_slice, which is the answer itself"),
     (library_through_module, "uses the library's micro_batch_slice"),
     (micro_batch_slice, "uses the library's micro_batch_slice"),
-])
-def test_shard_wrong_answers(wrong, words):
-    hint = shown_report(shard_rows, wrong, nb07, own_work)
-    assert words in hint, hint
+]
 
 
-def test_scale_reference(capsys):
-    assert_passes(capsys, scale_loss, lambda s, local, total, n: s * n / total)
-
-
-@pytest.mark.parametrize("wrong, words", [
+SCALE_LOSS_MISTAKES = [
     (lambda s, local, total, n: s / local, "its own token count"),
     (lambda s, local, total, n: s / total, "off by a factor world_size"),
     (lambda s, local, total, n: s / local / n, "every token of the global batch must count"),
@@ -84,10 +77,7 @@ def test_scale_reference(capsys):
     (lambda s, local, total, n: (s * n / total).detach(), "cut off from the model"),
     (lambda s, local, total, n: scale_by_global_tokens(s, total, n),
      "uses the library's scale_by_global_tokens"),
-])
-def test_scale_wrong_answers(wrong, words):
-    hint = shown_report(scale_loss, wrong, nb07, own_work)
-    assert words in hint, hint
+]
 
 
 def test_no_hint_gives_the_formula():
@@ -160,3 +150,7 @@ def test_every_rank_in_the_same_broadcast_is_told_the_arguments_disagree():
     message = collective_message(run, LearnerFile("workspace/my_dp_step.py", ()))
     assert "every rank waits in broadcast (line 18), the same call on each" in message
     assert "their arguments disagree (the src" in message and "never called" not in message
+
+
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((scale_loss, [lambda s, local, total, n: s * n / total], SCALE_LOSS_MISTAKES))

@@ -4,7 +4,7 @@ import os
 
 import pytest
 import torch
-from check_reports import assert_passes, shown_report
+from check_reports import shown_report, standard_tests
 from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.check import nb09
@@ -40,10 +40,6 @@ def indices_in_blocks(size, world_size, rank, epoch, seed):
     return everything[rank * per_rank:(rank + 1) * per_rank]
 
 
-def test_sampler_reference(capsys):
-    assert_passes(capsys, sampler_by_hand, indices_reference)
-
-
 @pytest.mark.parametrize("wrong, hint", [
     (indices_without_epoch, "seed \\+ epoch"),
     (indices_without_padding, "padded"),
@@ -75,8 +71,6 @@ def save_swallowing_errors(obj, path):
         pass
 
 
-def test_atomic_save_reference(capsys):
-    assert_passes(capsys, atomic_save, save_reference)
     assert torch.save.__name__ == "save"  # the checker put torch.save back
 
 
@@ -92,14 +86,6 @@ def test_atomic_save_wrong_answers(wrong, hint):
     assert torch.save is real_save
 
 
-def test_atomic_save_not_done(capsys):
-    def hole(obj, path):
-        raise NotImplementedError("Exercise 9.2")
-
-    atomic_save(hole)
-    assert "Exercise 9.2: not done yet" in capsys.readouterr().out
-
-
 # ---- what a learner sees: the hint, at most 10 lines, none of the checker's code ----------
 
 def indices_with_the_sampler(size, world_size, rank, epoch, seed):
@@ -108,7 +94,7 @@ def indices_with_the_sampler(size, world_size, rank, epoch, seed):
     return list(sampler)
 
 
-@pytest.mark.parametrize("wrong, hint", [
+SAMPLER_BY_HAND_MISTAKES = [
     (indices_with_the_sampler, "uses DistributedSampler: the point is to write"),
     (lambda size, world_size, rank, epoch, seed: str(
         indices_reference(size, world_size, rank, epoch, seed)),
@@ -117,28 +103,20 @@ def indices_with_the_sampler(size, world_size, rank, epoch, seed):
     (indices_without_epoch, "seed + epoch"),
     (indices_without_padding, "padded"),
     (indices_reference(10, 2, 0, 0, 0), "pass the function itself"),  # called, not passed
-])
-def test_sampler_reports_are_short_and_name_the_mistake(wrong, hint):
-    assert hint in shown_report(sampler_by_hand, wrong)
-
-
-def test_a_tensor_of_indices_counts_as_its_list(capsys):
-    assert_passes(capsys, sampler_by_hand, lambda *args: torch.tensor(indices_reference(*args)))
+]
 
 
 def save_with_the_library(obj, path):
     write_atomic(path, obj)
 
 
-@pytest.mark.parametrize("wrong, hint", [
+ATOMIC_SAVE_MISTAKES = [
     (save_with_the_library, "calls the library's write_atomic"),
     (save_in_place, "destroyed the previous checkpoint"),
     (save_never_renamed, "there is no file at path"),
     (save_swallowing_errors, "did not reach the caller"),
     ("checkpoint.pt", "pass the function itself"),
-])
-def test_atomic_save_reports_are_short_and_name_the_mistake(wrong, hint):
-    assert hint in shown_report(atomic_save, wrong)
+]
 
 
 def test_an_error_inside_save_shows_the_learners_line():
@@ -185,3 +163,10 @@ def test_logged_losses_off_by_a_known_factor_are_named(ranks, accum_steps, facto
     by_rank = {r: logged([v * factor for v in right], right) for r in range(ranks)}
     with pytest.raises(ExerciseError, match=words):
         ddp_script.judge_losses(by_rank, ranks, accum_steps)
+
+
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((sampler_by_hand, [indices_reference,
+                                      lambda *args: torch.tensor(indices_reference(*args))],
+                    SAMPLER_BY_HAND_MISTAKES),
+                   (atomic_save, [save_reference], ATOMIC_SAVE_MISTAKES))

@@ -3,11 +3,9 @@
 
 import math
 
-import pytest
 import torch
-from check_reports import assert_passes, shown_report
+from check_reports import standard_tests
 
-from course_lib.check import nb10, own_work, shard_trace
 from course_lib.check.nb10 import bytes_per_rank, global_norm, owned_range, reference_bytes
 from course_lib.core.collectives import chunk_bounds
 
@@ -38,23 +36,17 @@ def owned_true_division(numel, world_size, rank):
     return rank * numel / world_size, (rank + 1) * numel / world_size
 
 
-def test_owned_reference(capsys):
-    assert_passes(capsys, owned_range, owned_reference)
-
-
-@pytest.mark.parametrize("wrong, words", [
+OWNED_RANGE_MISTAKES = [
     (owned_floor, "must be owned by exactly one rank"),
-    (owned_rest_on_last, "the extra elements go to the first ranks, one each"),
-    (owned_float, "the extra elements go to the first ranks"),
+    (owned_rest_on_last, "got [(0, 2), (2, 4), (4, 6), (6, 10)]; the extra elements go to "
+                         "the first ranks"),
+    (owned_float, "got [(0, 2), (2, 5), (5, 8), (8, 10)]; the extra elements go to the first"),
     (lambda numel, world_size, rank: (0, numel), "must be owned by exactly one rank"),
     (owned_true_division, "start and end must be whole numbers (int)"),
     (lambda numel, world_size, rank: slice(0, numel), "return the pair (start, end)"),
     (lambda numel, world_size, rank: chunk_bounds(numel, world_size)[rank],
      "uses the library's chunk_bounds"),
-])
-def test_owned_wrong_answers(wrong, words):
-    hint = shown_report(owned_range, wrong, nb10, own_work)
-    assert words in hint, hint
+]
 
 
 def bytes_reference(num_params, world_size, stage):
@@ -85,48 +77,39 @@ def bytes_no_stage_3(num_params, world_size, stage):
         return 4 * num_params + 12 * num_params / world_size  # stage 3: falls off the end
 
 
-def test_bytes_reference(capsys):
-    assert_passes(capsys, bytes_per_rank, bytes_reference)
-
-
-@pytest.mark.parametrize("wrong, words", [
+BYTES_PER_RANK_MISTAKES = [
     (bytes_stage2_forgets_grads, "stage 2 divides the optimizer state and the gradients"),
     (bytes_shards_everything, "stage 1 divides the optimizer state by"),
     (lambda p, n, stage: 12 * p, "stage 0 is plain data parallelism"),
     (bytes_no_stage_3, "return a number of bytes for every stage (stage 3 here); your code "
                        "returned None"),
-    (lambda p, n, stage: str(16 * p), "return a number of bytes"),
+    (lambda p, n, stage: str(16 * p), "your code returned the str"),
     (lambda p, n, stage: reference_bytes(p, n, stage), "uses the library's reference_bytes"),
-])
-def test_bytes_wrong_answers(wrong, words):
-    hint = shown_report(bytes_per_rank, wrong, nb10, own_work)
-    assert words in hint, hint
+]
 
 
 def norm_reference(shards):
     return math.sqrt(sum(float(s.norm()) ** 2 for s in shards))
 
 
-@pytest.mark.parametrize("right", [
-    norm_reference,
-    lambda shards: torch.stack([(s ** 2).sum() for s in shards]).sum().sqrt(),
-    lambda shards: sum(s.pow(2).sum() for s in shards) ** 0.5,
-])
-def test_global_norm_reference(right, capsys):
-    global_norm(right)
-    assert capsys.readouterr().out == "Exercise 10.3: correct.\n"
-
-
-@pytest.mark.parametrize("wrong, words", [
+GLOBAL_NORM_MISTAKES = [
     (lambda shards: sum(float(s.norm()) for s in shards), "norms do not add up"),
     (lambda shards: sum(float(s.norm()) ** 2 for s in shards), "the SQUARED norm"),
-    (lambda shards: float(torch.stack([s.norm() for s in shards]).mean()), "expected"),
+    (lambda shards: float(torch.stack([s.norm() for s in shards]).mean()),
+     "(the norm of all shards put together)"),
     (lambda shards: torch.cat(shards).norm(), "your code puts the shards' values together"),
     (lambda shards: torch.cat([s.reshape(-1) for s in shards]).norm(),
-     "puts the shards' values together"),
+     "your code puts the shards' values together"),
     (lambda shards: [s.norm() for s in shards], "return the norm, one number"),
     (lambda shards: torch.nn.utils.get_total_norm(shards), "uses the library's get_total_norm"),
-])
-def test_global_norm_wrong_answers(wrong, words):
-    hint = shown_report(global_norm, wrong, nb10, own_work, shard_trace)
-    assert words in hint, hint
+]
+
+
+test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
+    standard_tests((owned_range, [owned_reference], OWNED_RANGE_MISTAKES),
+                   (bytes_per_rank, [bytes_reference], BYTES_PER_RANK_MISTAKES),
+                   (global_norm, [norm_reference,
+                                  lambda shards: torch.stack([(s ** 2).sum() for s in shards])
+                                  .sum().sqrt(),
+                                  lambda shards: sum(s.pow(2).sum() for s in shards) ** 0.5],
+                    GLOBAL_NORM_MISTAKES))

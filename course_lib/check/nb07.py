@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from course_lib.check.answers import call, expect_tensor_with_grad
+from course_lib.check.answers import expect_tensor_with_grad
 from course_lib.check.cases import dp_step
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
-from course_lib.check.own_work import expect_own_code
+from course_lib.check.own_work import ANSWER_ITSELF, call_own
 from course_lib.core.accumulation import scale_by_global_tokens
 from course_lib.tasks.batching import micro_batch_slice
 
@@ -36,11 +36,12 @@ def whole_bounds(answer) -> bool:
 @exercise("7.1")
 def shard_rows(rows_fn) -> None:
     """``rows_fn(global_size, rank, k, world_size, accum_steps)``: the rows of one micro-batch."""
-    expect_own_code(rows_fn, micro_batch_slice, "work out the rows yourself, from the sizes")
     for global_size, world, accum in SHARD_CASES:
         for rank in range(world):
             for k in range(accum):
-                answer = call(rows_fn, global_size, rank, k, world, accum)
+                answer = call_own(rows_fn, global_size, rank, k, world, accum,
+                                  library=[micro_batch_slice], hint=ANSWER_ITSELF +
+                                  "work out the rows yourself, from the sizes")
                 expect(whole_bounds(answer), "the slice's bounds must be whole numbers (int): "
                                              "/ gives a float even when it divides exactly")
                 got = rows_of(answer, global_size)
@@ -69,7 +70,9 @@ def scaled_losses(scale_fn, loss_sums, tokens) -> list[float]:
     scaled = []
     for s, t in zip(loss_sums, tokens, strict=True):
         loss_sum = torch.tensor(s, dtype=torch.float64, requires_grad=True)
-        loss = call(scale_fn, loss_sum, t, global_tokens, world)
+        loss = call_own(scale_fn, loss_sum, t, global_tokens, world,
+                        library=[scale_by_global_tokens],
+                        hint=ANSWER_ITSELF + "write the scaling yourself")
         expect_tensor_with_grad(loss, "return the loss to call backward on, computed from "
                                       "loss_sum")
         expect(loss.numel() == 1, f"return one number (a 0-d tensor), not {tuple(loss.shape)}")
@@ -84,7 +87,6 @@ def scale_loss(scale_fn) -> None:
     The gradient sync averages over ranks, so the average of the scaled losses must be the
     mean loss over every token of the global batch.
     """
-    expect_own_code(scale_fn, scale_by_global_tokens, "write the scaling yourself")
     cases = (([3.0, 5.0], [10, 30]), ([2.0, 4.0, 1.0, 9.0], [7, 11, 3, 19]), ([6.0], [12]))
     for loss_sums, tokens in cases:
         world, global_tokens = len(tokens), sum(tokens)

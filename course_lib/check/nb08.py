@@ -6,12 +6,13 @@ import math
 
 import torch
 
-from course_lib.check.answers import call, expect_function, expect_type
+from course_lib.check.answers import expect_function, expect_type
 from course_lib.check.cases import hooks
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
-from course_lib.check.own_work import names_used
-from course_lib.core.buckets import plan_buckets
+from course_lib.check.own_work import call_own
+from course_lib.core.buckets import BucketedDataParallel, make_buckets, plan_buckets
+from course_lib.lessons.timeline import overlap_summary
 
 KB = 1024
 BUCKET_CASES = (  # (parameter sizes in bytes, in registration order; bucket cap in bytes)
@@ -34,11 +35,11 @@ def reference_buckets(sizes: list[int], cap: int) -> list[list[int]]:
 def buckets_by_hand(plan) -> None:
     """``plan(sizes, cap)`` returns buckets of parameter indices, in launch order."""
     expect_function(plan, "check.nb08.buckets_by_hand(plan_by_hand)")
-    used = names_used(plan, ("plan_buckets", "make_buckets", "BucketedDataParallel"))
-    expect(not used, f"your function calls the library's {(used or [''])[0]}: the point is to "
-                     "plan the buckets yourself, with a loop over the parameters")
     for sizes, cap in BUCKET_CASES:
-        got = call(plan, list(sizes), cap)
+        got = call_own(plan, list(sizes), cap, library=[plan_buckets, make_buckets,
+                                                         BucketedDataParallel.__init__],
+                       hint="your function calls the library's {name}: the point is to plan "
+                            "the buckets yourself, with a loop over the parameters")
         want = reference_buckets(list(sizes), cap)
         expect_type(got, list, "return a list of buckets, each a list of parameter indices")
         expect(all(isinstance(b, (list, tuple)) for b in got),
@@ -91,11 +92,10 @@ def reference_exposed_ms(events: list[dict]) -> float:
 def exposed_communication(exposed_ms) -> None:
     """``exposed_ms(events)``: milliseconds of communication NOT hidden under backward."""
     expect_function(exposed_ms, "check.nb08.exposed_communication(exposed_ms)")
-    used = names_used(exposed_ms, ("overlap_summary",))
-    expect(not used, "your function calls the library's overlap_summary: the point is to "
-                     "measure the exposed time yourself, from the events")
     for events in TIMELINES:
-        got = call(exposed_ms, [dict(e) for e in events])
+        got = call_own(exposed_ms, [dict(e) for e in events], library=[overlap_summary],
+                       hint="your function calls the library's overlap_summary: the point is "
+                            "to measure the exposed time yourself, from the events")
         if torch.is_tensor(got) and got.numel() == 1:
             got = got.item()  # a one-number tensor counts as its number
         expect_type(got, (int, float), "return one number, the exposed milliseconds")

@@ -10,11 +10,12 @@ import tempfile
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from course_lib.check.answers import call, describe, expect_function
+from course_lib.check.answers import describe, expect_function
 from course_lib.check.cases import ddp_script
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
-from course_lib.check.own_work import names_used
+from course_lib.check.own_work import call_own
+from course_lib.train.checkpoint import save_checkpoint, write_atomic
 
 SAMPLER_CASES = ((10, 2), (10, 3), (7, 4), (16, 4))  # (dataset size, world size)
 
@@ -30,13 +31,13 @@ def reference_indices(size: int, world_size: int, rank: int, epoch: int, seed: i
 def sampler_by_hand(indices) -> None:
     """``indices(size, world_size, rank, epoch, seed)``: what DistributedSampler gives."""
     expect_function(indices, "check.nb09.sampler_by_hand(sampler_indices)")
-    used = names_used(indices, ("DistributedSampler", "sampler_orders"))
-    expect(not used, f"your function uses {(used or [''])[0]}: the point is to write what it "
-                     "does yourself, with torch.randperm and a slice")
     for size, world_size in SAMPLER_CASES:
         for epoch in (0, 1):
             for rank in range(world_size):
-                got = call(indices, size, world_size, rank, epoch, 0)
+                got = call_own(indices, size, world_size, rank, epoch, 0,
+                               library=[DistributedSampler.__init__],
+                               hint="your function uses {name}: the point is to write what it "
+                                    "does yourself, with torch.randperm and a slice")
                 if torch.is_tensor(got):
                     got = got.tolist()  # a tensor of indices counts as its list
                 expect(isinstance(got, (list, tuple)) and all(
@@ -88,12 +89,11 @@ def _load(path: str):
 def atomic_save(save) -> None:
     """``save(obj, path)`` must leave either the old file or the new one, never half."""
     expect_function(save, "check.nb09.atomic_save(save_atomic)")
-    used = names_used(save, ("write_atomic", "save_checkpoint"))
-    expect(not used, f"your function calls the library's {(used or [''])[0]}: the point is to "
-                     "write the two steps yourself")
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "checkpoint.pt")
-        call(save, {"step": 1}, path)
+        call_own(save, {"step": 1}, path, library=[write_atomic, save_checkpoint],
+                 hint="your function calls the library's {name}: the point is to write the "
+                      "two steps yourself")
         expect(os.path.exists(path), "after save(obj, path) there is no file at path: what "
                                      "was written never took path's place")
         expect(_load(path) == {"step": 1}, "the file at path does not hold what was saved")

@@ -7,11 +7,11 @@ import numbers
 
 import torch
 
-from course_lib.check.answers import call, expect_type
+from course_lib.check.answers import expect_type
 from course_lib.check.cases import zero1
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
-from course_lib.check.own_work import expect_own_code
+from course_lib.check.own_work import ANSWER_ITSELF, call_own
 from course_lib.check.shard_trace import traced_shards
 from course_lib.core.collectives import chunk_bounds
 
@@ -23,7 +23,8 @@ def whole(value) -> bool:
 
 
 def owned_pair(owned, numel: int, world_size: int, rank: int) -> tuple[int, int]:
-    got = call(owned, numel, world_size, rank)
+    got = call_own(owned, numel, world_size, rank, library=[chunk_bounds],
+                   hint=ANSWER_ITSELF + "work out the bounds yourself, with divmod")
     expect_type(got, (tuple, list), "return the pair (start, end)")
     expect(len(got) == 2, f"return two numbers, (start, end); your code returned {len(got)}")
     expect(all(whole(v) for v in got), f"start and end must be whole numbers (int), got "
@@ -34,7 +35,6 @@ def owned_pair(owned, numel: int, world_size: int, rank: int) -> tuple[int, int]
 @exercise("10.1")
 def owned_range(owned) -> None:
     """``owned(numel, world_size, rank)`` returns ``(start, end)`` of rank's chunk."""
-    expect_own_code(owned, chunk_bounds, "work out the bounds yourself, with divmod")
     for numel, world_size in RANGE_CASES:
         got = [owned_pair(owned, numel, world_size, r) for r in range(world_size)]
         want = chunk_bounds(numel, world_size)
@@ -61,10 +61,10 @@ def reference_bytes(num_params: int, world_size: int, stage: int) -> float:
 @exercise("10.2")
 def bytes_per_rank(model) -> None:
     """``model(num_params, world_size, stage)``: bytes per rank for ZeRO stage 0..3."""
-    expect_own_code(model, reference_bytes, "write the sum yourself")
     for num_params, world_size in ((1_000_000, 4), (26574, 2), (7_000_000_000, 8)):
         for stage in range(4):
-            got = call(model, num_params, world_size, stage)
+            got = call_own(model, num_params, world_size, stage, library=[reference_bytes],
+                           hint=ANSWER_ITSELF + "write the sum yourself")
             expect_type(got, (int, float), f"return a number of bytes for every stage "
                                            f"(stage {stage} here)")
             want = reference_bytes(num_params, world_size, stage)
@@ -82,14 +82,13 @@ def bytes_per_rank(model) -> None:
 @exercise("10.3")
 def global_norm(norm_of_shards) -> None:
     """``norm_of_shards(shards)``: the norm of the whole gradient from one number per shard."""
-    for name in ("get_total_norm", "clip_grad_norm_"):
-        expect_own_code(norm_of_shards, getattr(torch.nn.utils, name),
-                        "combine one number per rank yourself", name)
     g = torch.Generator().manual_seed(0)
     for sizes in ((5, 5), (3, 4, 5), (1, 10, 2, 7)):
         shards = [torch.randn(n, generator=g, dtype=torch.float64) for n in sizes]
         traced, log = traced_shards(shards)
-        got = call(norm_of_shards, traced)
+        got = call_own(norm_of_shards, traced, hint=ANSWER_ITSELF + "combine one number per "
+                       "rank yourself", library=[torch.nn.utils.get_total_norm,
+                                                 torch.nn.utils.clip_grad_norm_])
         expect(not log.mixed, f"your code puts the shards' values together ({log.mixed[:1]}): "
                               "no rank holds the other ranks' chunks; each rank may send ONE "
                               "number, computed from its own chunk")

@@ -4,12 +4,9 @@ write something the notebook also uses from ``course_lib`` (``replicas.warmup_lr
     got = call_own(my_warmup_lr, 0, 0.4, 4, library=[replicas.warmup_lr])
 
 runs the learner's function like ``answers.call`` and fails with a hint if, while it ran, one
-of the ``library`` functions ran too, however it was imported or renamed (the check looks at
-the code each call enters, not at names). Where running the answer is not the check (a
-class the answer would construct, a file it would write), ``names_used`` reads the names the
-answer's code mentions instead:
-
-    used = names_used(my_sampler, ("DistributedSampler",))   # [] when it does not
+of the ``library`` functions (a class: its ``__init__``) ran too, however it was imported or
+renamed, or passed instead of the learner's own (the check looks at the code each call
+enters, not at names).
 
 A learner's file (``workspace/NAME.py``, launched on several processes) is read, not run:
 ``expect_own_file(path, refused, who)`` fails with a hint when the file's code (outside its
@@ -24,11 +21,12 @@ import ast
 import contextlib
 import inspect
 import sys
-import types
 from typing import Callable, Iterable
 
 from course_lib.check.answers import call
 from course_lib.check.checker import ExerciseError
+
+ANSWER_ITSELF = "your function uses the library's {name}, which is the answer itself: "
 
 
 def short_name(function: Callable) -> str:
@@ -58,63 +56,23 @@ def call_own(function: Callable, *args, library: Iterable[Callable],
              hint: str | dict[Callable, str] | None = None, **kwargs):
     """``call(function, *args, **kwargs)``; ``ExerciseError`` if it ran a ``library``
     function. The hint is ``hint``, or ``hint[f]`` for the first library function ``f`` it
-    ran (a dict tells apart, say, autograd and the course's own version); by default it names
-    the function and asks for the learner's own code."""
+    ran (a dict tells apart, say, autograd and the course's own version), "{name}" in it
+    standing for that function's name; by default it names the function and asks for the
+    learner's own code."""
     with watching(library) as entered:
-        result = call(function, *args, **kwargs)
+        try:
+            result = call(function, *args, **kwargs)
+        except ExerciseError:
+            if not entered:  # an error inside the course's own version: that is the report
+                raise
     if entered:
         own = hint.get(entered[0]) if isinstance(hint, dict) else hint
-        raise ExerciseError(own or f"your code calls {short_name(entered[0])}, the course's "
-                                   "own version: the exercise is to write it yourself, so "
-                                   "leave that function out and work it out in your code")
+        name = entered[0].__qualname__.removesuffix(".__init__").lstrip("_")  # a class too
+        raise ExerciseError((own or f"your code calls {short_name(entered[0])}, the course's "
+                                    "own version: the exercise is to write it yourself, so "
+                                    "leave that function out and work it out in your code")
+                            .replace("{name}", name))
     return result
-
-
-def _code_objects(code: types.CodeType):
-    yield code
-    for const in code.co_consts:  # functions and lambdas defined inside
-        if isinstance(const, types.CodeType):
-            yield from _code_objects(const)
-
-
-def _all_names(function) -> set[str]:
-    """Every global, attribute, local and free-variable name the function's code mentions."""
-    code = getattr(getattr(function, "__func__", function), "__code__", None)  # methods too
-    seen = set()
-    for part in _code_objects(code) if code is not None else ():
-        seen.update(part.co_names, part.co_varnames, part.co_freevars)
-    return seen
-
-
-def names_used(function, names: tuple[str, ...]) -> list[str]:
-    """The names among ``names`` that ``function``'s code refers to, in the order given: a
-    call ``plan_buckets(...)`` and ``buckets.plan_buckets(...)`` alike."""
-    seen = _all_names(function)
-    return [name for name in names if name in seen]
-
-
-def _objects_used(function) -> list:
-    """The objects behind the names: the function's globals and its closure's cells."""
-    scope = getattr(function, "__globals__", {})
-    cells = []
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            cells.append(cell.cell_contents)
-        except ValueError:  # an empty cell
-            pass
-    return [scope[name] for name in _all_names(function) if name in scope] + cells
-
-
-def expect_own_code(function, library_function, what: str, name: str | None = None) -> None:
-    """``ExerciseError`` when ``function`` is, names or holds ``library_function`` (known as
-    ``name`` where its ``__name__`` differs from the name it is called by), even imported
-    under another name; ``what`` says what to do instead."""
-    name = name or library_function.__name__
-    uses = (function is library_function or name in _all_names(function)
-            or any(obj is library_function for obj in _objects_used(function)))
-    if uses:
-        raise ExerciseError(f"your function uses the library's {name}, which is the answer "
-                            f"itself: {what}")
 
 
 # ---- a learner's file, read without running it -------------------------------------------------
