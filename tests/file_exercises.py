@@ -647,6 +647,11 @@ MY_BF16_HOOK = Exercise(nb10b.my_bf16_hook, "my_bf16_hook.py", right={
                                                        "    result.set_result(buffer)\n"
                                                        "    return result\n")],
                                "handed nothing to an all-reduce", shared=True),
+    "a future never completed": Wrong([(REDUCE + "\n" + BACK, "    dist.all_reduce(message, "
+                                                               "group=group)\n"
+                                                               "    return torch.futures.Future()"
+                                                               "  # DDP waits for it\n")],
+                                      "the future your hook returned never completed"),
     "process_group used as it comes": Wrong([(HOOK_GROUP, "    group = process_group\n")],
                                             "DDP hands the hook process_group=None"),
     "no async_op": Wrong([(REDUCE, "    future = dist.all_reduce(message, group=group)"
@@ -842,7 +847,7 @@ MY_FLAT_SHARD = Exercise(nb10b.my_flat_shard, "my_flat_shard.py", right={
         "In a group of ranks [1, 2] rank 2 is the group's rank 1", 3),
     "the hook without the unit's group": Wrong([(HOOK, "    reduce_scatter_bucket(grad, "
                                                        "unit.shard)\n")],
-                                               "ring_reduce_scatter sent on the whole world, "
+                                               "reduce_scatter_bucket sent on the whole world, "
                                                "ranks 0..2, but this case gave your function a "
                                                "group of ranks [1, 2]: pass that group to "
                                                "reduce_scatter_bucket too", 3)}, library={
@@ -928,7 +933,7 @@ EXERCISES = {"5.3": TOKEN_RING, "5.4": TOKEN_RING_ASYNC, "6.3": MY_RING, "7.3": 
 DEADLOCK = {"5.3": "every rank sends first", "5.4": "waits on the isend before starting the irecv",
             "6.3": "blocking sends first", "7.3": "rank 0 skips the broadcast",
             "8.3": "rank 0 never sends its buckets", "9.3": "rank 0 returns before the barrier",
-            "10.4": "rank 0 broadcasts the starting values",
+            "10.4": "rank 0 broadcasts the starting values", "10.5": "a future never completed",
             "10.6": "only rank 0 reduce-scatters",
             "10.7": "gathers in a different order on each rank",
             "11.1": "a rank that skips the broadcast"}

@@ -30,7 +30,13 @@ import threading
 import time
 import traceback
 
-from course_lib.runtime.agent import PRELOAD, default_signal_handlers, die_with_parent, run_agent
+from course_lib.runtime.agent import (
+    PRELOAD,
+    PRELOAD_ENV,
+    default_signal_handlers,
+    die_with_parent,
+    run_agent,
+)
 
 # read when torch is imported (thread pools, logging, devices): a launch that sets one of these
 # gets an agent of its own
@@ -91,7 +97,21 @@ def _reap() -> None:
         os.write(1, json.dumps({"exit": pid, "code": code}).encode() + b"\n")
 
 
+def _keep_imported(env: dict) -> None:
+    """Import here, for this launch and every later one, the course's own modules that the
+    launch's ``COURSE_PRELOAD`` names (a checker's program and cases: a few tenths of a second
+    per rank otherwise; other names the agent imports for its launch alone). A name that fails
+    is left to the agent, which reports it as a fresh one would."""
+    for name in env.get(PRELOAD_ENV, "").split(","):
+        if name.strip().startswith("course_lib.") and name.strip() not in sys.modules:
+            try:
+                importlib.import_module(name.strip())
+            except Exception:  # the agent's own import says what is wrong
+                pass
+
+
 def _fork_agent(request: dict, start_dir: str) -> int:
+    _keep_imported(request["env"])
     pid = os.fork()
     if pid:
         return pid

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
 
@@ -96,13 +97,14 @@ def print_user_traceback(error: BaseException) -> None:
     print("".join(tb.format()), end="", file=sys.stderr)
 
 
-def hand_back_to_agent() -> None:
+def hand_back_to_agent(frame=None) -> None:
     """A forked rank that finished: give torchrun's agent the return value it waits for, then
     leave at once, as a fresh interpreter's rank does. (Returning instead keeps the rank, and
     its connections, alive until every rank has finished: a peer left waiting in a collective
     this rank skipped would only see its timeout, not "peer gone".) The value travels in the
-    queue of torchrun's ``_wrap``, further up this stack; if that ever changes, just return."""
-    frame = sys._getframe()
+    queue of torchrun's ``_wrap``, further up this stack (or ``frame``'s, another thread's);
+    if that ever changes, just return."""
+    frame = frame or sys._getframe()
     while frame is not None and frame.f_code.co_name != "_wrap":
         frame = frame.f_back
     queue = frame.f_locals.get("ret_val_") if frame is not None else None
@@ -110,6 +112,23 @@ def hand_back_to_agent() -> None:
         return
     queue.put(None)  # what the worker function returned
     os._exit(0)
+
+
+EXIT_RECORD: dict = {}  # this rank's: {"path": RUN_DIR/rank{R}.exit, "rank": R}, once running
+
+
+def leave(code: int = 0) -> None:
+    """End this rank at once from any thread, as if its target had returned ``code``: the
+    exit recorded, torchrun's agent handed its value (a checker that found every rank waiting
+    on another ends its ranks so, rather than wait for their process group's timeout)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if EXIT_RECORD:
+        write_json_atomic(EXIT_RECORD["path"], {"rank": EXIT_RECORD["rank"], "code": code,
+                                                "error": None, "time": time.time()})
+    if code == 0 and multiprocessing.parent_process() is not None:
+        hand_back_to_agent(sys._current_frames().get(threading.main_thread().ident))
+    os._exit(code)
 
 
 def run_worker(run_dir: str, target: str, args: list[str]) -> None:
@@ -121,6 +140,7 @@ def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     with open(os.path.join(run_dir, f"rank{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))  # lets the launcher notice a rank killed by a signal
     exit_path = os.path.join(run_dir, f"rank{rank}.exit")
+    EXIT_RECORD.update(path=exit_path, rank=rank)
     code, error = 0, None
     kept = keep_process_groups()  # noqa: F841 - alive until os._exit below
     try:

@@ -17,6 +17,7 @@ backward, with the learner's line. DDP thus never ends in an error of its own.
 from __future__ import annotations
 
 import copy
+import threading
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,11 @@ from course_lib.core.buckets import MB
 
 SMALL_CAP = 1100  # bytes: 3 buckets of the model's float32 gradients (from the 2nd pass)
 LARGE_SCALE = 1e6  # the loss times this: gradients beyond float16's largest value, 65504
+FUTURE_WAIT_S = 5.0  # a hook's future still open this long after the hook returned never ends
+NEVER_COMPLETED = (f"the future your hook returned never completed ({FUTURE_WAIT_S:g} s after "
+                   "the hook returned), and DDP waits for it before backward can end: a future "
+                   "you make yourself completes when its set_result is called, an all-reduce's "
+                   "when the all-reduce has finished")
 UNIT_ROUNDOFF = 2.0 ** -8  # bf16 keeps 8 significant bits: each rounding is within 2^-8
 
 
@@ -85,7 +91,26 @@ class HookLog:
             self.note(f"your hook returned {type(result).__name__}, but DDP takes a "
                       "torch.futures.Future whose value is the bucket's mean")
             return done(buffer)
-        return result.then(lambda future: self.value(future, buffer))
+        return self.waited_for(result, buffer)
+
+    def waited_for(self, result: torch.futures.Future, buffer) -> torch.futures.Future:
+        """What DDP waits for: the learner's future's value once it completes, or, if it has
+        not completed ``FUTURE_WAIT_S`` later, the bucket as it is (noted: it never would)."""
+        mine, lock = torch.futures.Future(), threading.Lock()
+
+        def finish(value, finding=None):
+            with lock:
+                if not mine.done():
+                    if finding:
+                        self.note(finding)
+                    mine.set_result(value)
+
+        timer = threading.Timer(FUTURE_WAIT_S, finish, (buffer, NEVER_COMPLETED))
+        timer.daemon = True
+        timer.start()
+        result.add_done_callback(lambda future: (timer.cancel(),
+                                                 finish(self.value(future, buffer))))
+        return mine
 
     def value(self, future: torch.futures.Future, buffer: torch.Tensor) -> torch.Tensor:
         """The future's value if DDP can take it, else the bucket as it is (noted)."""

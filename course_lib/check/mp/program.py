@@ -66,9 +66,7 @@ def run_cases(cases, specs: list[dict], groups: dict, learner, tracer: Tracer, w
               options: dict, report: dict, save, run_dir: str) -> None:
     for spec in specs:
         ranks = members(spec, w.world_size)
-        tracer.between(spec["name"])  # waiting here is not the learner's doing
         tracer.barrier()  # no message of one case meets one of the next
-        tracer.between(None)
         if w.rank not in ranks:
             continue  # a case for other ranks: this one sits it out
         report["case"] = spec["name"]

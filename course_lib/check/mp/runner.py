@@ -98,7 +98,8 @@ def launch_program(cases_module: str, learner_arg: str, world_size: int, options
                    pg_timeout_s: float, deadline_s: float, folder: str) -> str | None:
     """One launch of the program; the launcher's message if it failed or stopped, else None."""
     args = [folder, cases_module, learner_arg, json.dumps(options or {})]
-    env = {"COURSE_PG_TIMEOUT_S": pg_timeout_s, "COURSE_BACKEND": "gloo"}
+    env = {"COURSE_PG_TIMEOUT_S": pg_timeout_s, "COURSE_BACKEND": "gloo",
+           "COURSE_PRELOAD": f"{PROGRAM},{cases_module}"}  # imported once, not in every rank
     try:
         launch(PROGRAM, world_size, args, timeout_s=deadline_s, env=env, quiet=True,
                progress=False)

@@ -17,9 +17,9 @@ with wrappers. While a case runs (``with tracer.watching(case, members) as log``
 - refuse a peer outside the group the case passed, and a collective on the whole world when
   the case passed a smaller group (a clear error, not a hang).
 
-Outside ``watching`` (the checker's own calls) the wrappers only pass the call on. A
-background thread writes the learner's current line to ``where{R}.json`` every half second:
-it tells an endless loop from a wait.
+Outside ``watching`` (the checker's own calls) the wrappers only pass the call on. A thread
+(``watch.py``) writes the learner's current line to ``where{R}.json`` and ends the ranks when
+every one of them waits and none can move.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import linecache
 import os
 import re
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from course_lib.check.mp.watch import BETWEEN, Watch
 from course_lib.runtime.launch_child import write_json_atomic
 
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
@@ -54,7 +54,6 @@ LIBRARY = ("naive_all_reduce", "ring_all_reduce", "recursive_doubling_all_reduce
            "ring_reduce_scatter", "ring_all_gather")
 ALL_REDUCES = frozenset(("all_reduce", *(n for n in LIBRARY if n.endswith("all_reduce"))))
 DRAIN_S = 3.0  # after a case, handles the learner never waited on get this long to finish
-WHERE_EVERY_S = 0.5
 
 
 _real_path = functools.lru_cache(maxsize=512)(os.path.realpath)
@@ -150,11 +149,13 @@ class Tracer:
         self.case, self.members, self.last = "", None, {}
         self.inside = None  # the library function running now, if any
         self.control = None  # the checker's own group of every rank (program.make_groups)
-        self._main = threading.main_thread().ident
+        self.report = None  # the result the program is writing (the watch ends it, stuck)
         self._signatures = {}
 
     def retarget(self, run_dir: str, learner_file: str, report: dict | None = None) -> None:
-        """Trace another learner's file, into another run folder (a shared launch)."""
+        """Trace another learner's file, into another run folder (a shared launch);
+        ``report``: the result the program writes for it."""
+        self.report = report
         self.learner_file = _real_path(learner_file)
         self.status_path = os.path.join(run_dir, f"status{self.rank}.json")
         self.where_path = os.path.join(run_dir, f"where{self.rank}.json")
@@ -173,6 +174,14 @@ class Tracer:
         frame = self.learner_frame()
         return None if frame is None else frame.f_lineno
 
+    def called_by_learner(self) -> bool:
+        """Whether the learner's own line called the torch.distributed function being traced
+        (not the course's code, on the learner's behalf)."""
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == __file__:
+            frame = frame.f_back  # the tracer's own frames
+        return frame is not None and _real_path(frame.f_code.co_filename) == self.learner_file
+
     def learner_call(self, default: str) -> str:
         """The function the learner's current line calls ("reduce_scatter_bucket",
         "dist.all_reduce"), read from the line; ``default`` when none is found."""
@@ -188,17 +197,16 @@ class Tracer:
             return found.group(1) if found else default
 
     def barrier(self) -> None:
-        """Wait for every rank, in a group the learner's code never sees (a case's own
-        barrier cannot meet one the learner's code left waiting)."""
-        dist.barrier(group=self.control)
-
-    def between(self, case: str | None) -> None:
-        """The checker's own barrier before ``case`` (None: past it): waiting there is not the
-        learner's doing. The status keeps the case this rank finished last, and how often it
-        called each collective in it (a peer may wait in one of them)."""
-        self.last = {**self.last, "rank": self.rank, "time": time.time(),
-                     "op": "between cases" if case else None, "line": None, "next": case}
-        write_json_atomic(self.status_path, self.last)
+        """Wait for every rank, in a group the learner's code never sees (the checker's barrier
+        cannot meet one the learner's code left waiting). The status says so, and keeps the
+        case this rank finished last and how often it called each collective in it (a peer
+        may wait in one of them)."""
+        for op in (BETWEEN, None):
+            self.last = {**self.last, "rank": self.rank, "time": time.time(), "op": op,
+                         "line": None}
+            write_json_atomic(self.status_path, self.last)
+            if op:
+                dist.barrier(group=self.control)
 
     def open_handles(self, waited=None) -> list[dict]:
         """The isend/irecv handles of this case not waited on yet (but ``waited``)."""
@@ -228,7 +236,7 @@ class Tracer:
         library = importlib.import_module(LIBRARY_MODULE)
         for name in LIBRARY:
             setattr(library, name, _Wrapped(getattr(library, name), self._noted("library")))
-        threading.Thread(target=self._watch_where, name="where", daemon=True).start()
+        Watch(self, world_size or dist.get_world_size()).start()  # where, and deadlocks
 
     def _noted(self, kind: str):
         def handler(original, *args, **kwargs):
@@ -298,11 +306,12 @@ class Tracer:
         if peer is None or self.members is None or peer in self.members:
             return
         way = "to" if "send" in name else "from"
-        if self.inside:
+        if self.inside or not self.called_by_learner():
+            called = self.learner_call(self.inside or "it")
             raise PeerOutsideGroup(
-                f"{self.inside} sent on the whole world, ranks 0..{dist.get_world_size() - 1}, "
+                f"{called} sent on the whole world, ranks 0..{dist.get_world_size() - 1}, "
                 f"but this case gave your function a group of ranks {list(self.members)}: "
-                f"pass that group to {self.learner_call(self.inside)} too")
+                f"pass that group to {called} too")
         raise PeerOutsideGroup(
             f"rank {self.rank} called {name} {way} rank {peer}, which is not in the group "
             f"passed to the function (ranks {list(self.members)}): take the rank and the size "
@@ -377,17 +386,3 @@ class Tracer:
             except RuntimeError:
                 raise TimeoutError(f"the {handle.kind} to/from rank {handle.peer} that rank "
                                    f"{self.rank} never waited on did not complete") from None
-
-    def _watch_where(self) -> None:
-        last = None
-        while True:
-            time.sleep(WHERE_EVERY_S)
-            if self.log is None:
-                continue
-            frame = self.learner_frame(sys._current_frames().get(self._main))
-            line = None if frame is None else frame.f_lineno
-            if line != last:
-                last = line
-                source = "" if line is None else linecache.getline(self.learner_file, line)
-                write_json_atomic(self.where_path, {"line": line, "source": source.strip(),
-                                                    "case": self.case, "time": time.time()})
