@@ -687,8 +687,20 @@ MY_BF16_HOOK = Exercise(nb10b.my_bf16_hook, "my_bf16_hook.py", right={
                                                        "process_group")],
                           "torch's bf16_compress_hook does what this exercise builds", None)})
 
-# ---- 10.6: ZeRO-2's bucket hook ----------------------------------------------------------------
+# ---- 10.6: ZeRO-2's two hooks -----------------------------------------------------------------
 
+QUEUE_END = ("    if not zero2.in_backward:  # this backward's first gradient: at its end, reduce "
+             "what is left\n        zero2.in_backward = True\n"
+             "        Variable._execution_engine.queue_callback(zero2.end_of_backward)\n")
+NEW_BUCKET = ("    if bucket.grads is None:  # the bucket's first gradient in this backward\n"
+              "        bucket.grads = torch.zeros_like(bucket.flat)  # (N*s,) zeros: padding adds "
+              "nothing\n")
+INTO_SLOT = "    bucket.grads[start:start + param.numel()].copy_(param.grad.reshape(-1))\n"
+FREE_GRAD = "    param.grad = None  # the full-size gradient lives on only in the bucket\n"
+LAUNCH_NEXT = ("        zero2.reduce_scatter(zero2.buckets[zero2.reduced])  # the next bucket in "
+               "the plan\n")
+IN_ORDER = ("    while zero2.reduced < len(zero2.buckets) and zero2.buckets[zero2.reduced].waiting "
+            "== 0:\n" + LAUNCH_NEXT)
 ZERO2_SIZES = "    rank, n = dist.get_rank(group), dist.get_world_size(group)\n"
 REDUCE_BUCKET = ("    ring_reduce_scatter(grads, group)  # my chunk of grads now holds the sum "
                  "over the ranks\n")
@@ -704,7 +716,40 @@ MY_ZERO2 = Exercise(nb10b.my_zero2, "my_zero2.py", reference_size=4, right={
     "a copy divided in place, added in place": Right(3, [
         (CHUNK_MEAN, "mean = grads[rank * s:(rank + 1) * s].clone().div_(n)"),
         (ACCUMULATE, "    if piece.grad is None:\n        piece.grad = mean\n    else:\n"
-                     "        piece.grad.add_(mean)\n")])}, wrong={
+                     "        piece.grad.add_(mean)\n")]),
+    "added into the bucket, the launch written out": Right(3, [
+        (INTO_SLOT, INTO_SLOT.replace("copy_", "add_")),
+        (LAUNCH_NEXT, "        done = zero2.buckets[zero2.reduced]\n"
+                      "        zero2.bucket_hook(done.grads, done.piece, zero2.process_group)\n"
+                      "        done.grads, done.waiting = None, len(done.params)\n"
+                      "        zero2.reduced += 1\n")])}, wrong={
+    ".grad not freed": Wrong([(FREE_GRAD, "")], "rank 0's parameter 6.bias still held its .grad",
+                             shared=True),
+    "launched as soon as complete, out of order": Wrong([(
+        IN_ORDER, "    if bucket.waiting == 0:  # complete: send it\n"
+                  "        zero2.reduce_scatter(bucket)\n")],
+        ("rank 0 reduce-scattered bucket 3 before bucket 1", "in one order, the plan's"),
+        shared=True),
+    "an incomplete bucket launched": Wrong([(IN_ORDER, "    zero2.reduce_scatter(bucket)  # send "
+                                                       "what it holds\n")],
+                                           "reduce-scattered bucket 0 while 2 of its 3 "
+                                           "gradients had not come yet", shared=True),
+    "a new buffer for every gradient": Wrong([(NEW_BUCKET, "    bucket.grads = torch.zeros_like("
+                                                           "bucket.flat)  # (N*s,)\n")],
+                                             "bucket 0 went to the reduce-scatter without the "
+                                             "gradient of parameter 6.bias in its slot",
+                                             shared=True),
+    "every bucket left to the end of backward": Wrong([(IN_ORDER, "")],
+                                                      "but your gradient_ready did not "
+                                                      "reduce-scatter it: it waited for the end "
+                                                      "of backward", shared=True),
+    "the end of backward never queued": Wrong([(QUEUE_END, "")],
+                                              "in the 2nd backward, bucket 0 was never "
+                                              "reduce-scattered", shared=True),
+    "a slot filled with the gradient's shape": Wrong([(INTO_SLOT, "    bucket.grads[start:start + "
+                                                                  "param.numel()] = param.grad\n")],
+                                                     ("line {line:= param.grad} in gradient_ready",
+                                                      "A parameter's slot in the bucket is flat")),
     "no average": Wrong([(CHUNK_MEAN, "mean = grads[rank * s:(rank + 1) * s].clone()")],
                         "the step used the SUM of the ranks' gradients", shared=True),
     "a view of the bucket": Wrong([(CHUNK_MEAN, "mean = grads[rank * s:(rank + 1) * s].div_(n)")],
@@ -752,7 +797,14 @@ MY_ZERO2 = Exercise(nb10b.my_zero2, "my_zero2.py", reference_size=4, right={
                                  "from course_lib.core.zero2 import reduce_scatter_bucket as "
                                  "course_hook  # noqa: F401\n")],
                                "uses the library's reduce_scatter_bucket (line {line:as "
-                               "course_hook}): that is the course's own hook", None)})
+                               "course_hook}): that is the course's own ZeRO-2", None),
+    "the course's Zero2": Wrong([("from torch.autograd import Variable\n",
+                                  "from torch.autograd import Variable\n\nfrom course_lib.core."
+                                  "zero2 import Zero2\n"),
+                                 (QUEUE_END, "    Zero2.gradient_ready(zero2, param)\n    return\n"
+                                  + QUEUE_END)],
+                                "uses the library's Zero2 (line {line:import Zero2}): that is "
+                                "the course's own ZeRO-2", None)})
 
 # ---- 10.7: ZeRO-3's gather, free and reduce-scatter --------------------------------------------
 
@@ -858,7 +910,13 @@ MY_FLAT_SHARD = Exercise(nb10b.my_flat_shard, "my_flat_shard.py", right={
                                                                      "unshard(unit)\n    full = "
                                                                      "unit.full.data  #")],
                                     "uses the library's FlatShard (line {line:import FlatShard}):"
-                                    " that is the course's own fully_shard", None)})
+                                    " that is the course's own fully_shard", None),
+    "section 2's functions": Wrong([(
+        "from course_lib.core import zero2\n",
+        "from course_lib.core import zero2\nfrom course_lib.core.flat_shard import reshard as "
+        "course_reshard  # noqa: F401\n")], "uses the library's reshard (line {line:as "
+                                            "course_reshard}): that is the course's own "
+                                            "fully_shard", None)})
 
 # ---- 11.1: the capstone's trainer --------------------------------------------------------------
 

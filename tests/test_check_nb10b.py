@@ -1,12 +1,14 @@
 """Notebook 10b's checkers, judged without a launch (the launches: test_check_file_exercises.py):
 bf16's tolerance tells the mean from the mistakes of 10.5, the errors a DDP hook meets first are
-explained, and the mistakes 10.6 names from the parameters give parameters of their own."""
+explained, the mistakes 10.6 names from the parameters give parameters of their own, and 10.6's
+accumulation case leaves buckets incomplete where an out-of-order launch shows."""
 
 import pytest
 import torch
 
-from course_lib.check.cases import bf16_hook, zero2
+from course_lib.check.cases import bf16_hook, hooks, zero2
 from course_lib.check.checker import ExerciseError
+from course_lib.core.buckets import plan_buckets
 
 
 def test_the_tolerance_tells_the_mean_from_the_mistakes():
@@ -60,3 +62,21 @@ def test_the_parameters_of_zero2s_mistakes_differ_from_the_right_ones():
     plain = zero2.reference(spec, 3)
     assert zero2.reference(spec, 3, grad_scale=3) != plain
     assert zero2.reference(spec, 3, last_micro_only=True) != plain
+
+
+def test_the_unused_layer_leaves_two_buckets_incomplete_between_complete_ones():
+    """10.6's accumulation case: the layer left out of the first micro-step holds parameters of
+    buckets 1 and 2 only, so bucket 0 leaves from the hook, and bucket 3 is complete while
+    buckets 1 and 2 wait: launching it then is out of order, and the end of backward must
+    launch 1, 2 and 3. Without the layer the model computes something else (its loss moves)."""
+    spec = next(s for s in zero2.case_specs(2, {}) if s.get("unused_in"))
+    model = hooks.make_model(spec["seed"]).double()
+    names = [name for name, _ in model.named_parameters()][::-1]  # backward's order
+    sizes = [p.numel() * p.element_size() for p in model.parameters()][::-1]
+    plan = plan_buckets(sizes, [None] * len(sizes), spec["cap"])
+    unused = [b for b, members in enumerate(plan)
+              if any(names[i].startswith(f"{zero2.SKIPPED}.") for i in members)]
+    assert len(plan) == 4 and unused == [1, 2]
+    x, _ = zero2.batch(spec, 0, 0, 0)
+    assert not torch.equal(zero2.forward(model, x, skip=True), zero2.forward(model, x, False))
+    assert zero2.reference(spec, 2) != zero2.reference({**spec, "unused_in": []}, 2)

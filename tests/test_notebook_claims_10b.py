@@ -4,13 +4,18 @@ demo's model, in the notebook's saved outputs, and (slow) in a 2-process run of 
 (Zero2, fully_shard, prefetching and bf16 compression against torch: tests/test_zero2.py and
 tests/test_fully_shard.py.)"""
 
+import ast
+import inspect
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
+from answer_edits import reference
 
+from course_lib.core import flat_shard
+from course_lib.core.fully_shard import MixedPrecisionPolicy, fully_shard
 from course_lib.demos.sharding_demo import Stack, new_model
 from course_lib.runtime.launch import launch
 
@@ -79,3 +84,58 @@ def test_the_demo_on_two_processes_keeps_every_claim():
     assert fetched["prefetch"]["losses"] == fetched["plain"]["losses"]
     assert fetched["plain"]["peak_whole_bytes"] == 1680 + 4224
     assert fetched["prefetch"]["peak_whole_bytes"] == 1680 + 2 * 4224
+
+
+# ---- what the notebook shows above exercises 10.6 and 10.7 --------------------------------------
+
+def shown_above(exercise: str) -> list[str]:
+    """The code the notebook shows (``show(...)``) for an exercise, hidden in a student copy."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return [c.source for c in nb.cells if c.cell_type == "code"
+            and re.match(r"show\(.*exercise=\"" + re.escape(exercise) + '"', c.source)]
+
+
+def test_10_6s_gradient_hook_is_shown_only_once_the_exercise_is_passed():
+    """The defining act of ZeRO-2 (copy into the bucket, free .grad, launch in order) is the
+    exercise's: shown tagged, and the learner's file defines it."""
+    shown = " ".join(shown_above("10.6"))
+    assert "zero2.Zero2.gradient_ready" in shown and "zero2.reduce_scatter_bucket" in shown
+    answer = ast.parse(reference("my_zero2.py"))
+    defined = {n.name: [a.arg for a in n.args.args] for n in answer.body
+               if isinstance(n, ast.FunctionDef)}
+    assert defined == {"gradient_ready": ["zero2", "param"],
+                       "reduce_scatter_bucket": ["grads", "piece", "group"]}
+
+
+def test_10_7s_functions_are_shown_with_the_exercises_signatures():
+    """Section 2 shows the three moments as the exercise asks for them: functions of the unit,
+    returning nothing, casting nothing; and says how a tensor gives its memory back before
+    the exercise (and its hints) do."""
+    shown = " ".join(shown_above("10.7"))
+    names = ("unshard", "reshard", "reduce_grad")
+    assert all(f"flat_shard.{name}" in shown for name in names) and "FlatShard." not in shown
+    answer = ast.parse(reference("my_flat_shard.py"))
+    asked = {n.name: [a.arg for a in n.args.args] for n in answer.body
+             if isinstance(n, ast.FunctionDef)}
+    for name in names:
+        function = getattr(flat_shard, name)
+        assert list(inspect.signature(function).parameters) == asked[name] == ["unit"]
+        code = inspect.getsource(function)
+        assert ".to(" not in code and "async_op=False" not in code, name
+        assert not [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Return)
+                    and n.value is not None], name  # no handle handed back
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    text = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    told = next(i for i, t in enumerate(text) if "untyped_storage().resize_(0)" in t)
+    asked_at = next(i for i, t in enumerate(text) if t.startswith("**Exercise 10.7"))
+    assert told < asked_at
+
+
+def test_the_courses_zero3_refuses_a_reduce_dtype_of_its_own(one_process_group):
+    """It reduces in param_dtype, as its reduce_grad shows: another reduce_dtype is refused at
+    wrapping, not ignored."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    with pytest.raises(ValueError, match="a reduce_dtype of its own"):
+        fully_shard(torch.nn.Linear(3, 2), mp_policy=policy)
+    same = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    fully_shard(torch.nn.Linear(3, 2), mp_policy=same)

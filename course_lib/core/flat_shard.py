@@ -1,4 +1,4 @@
-"""The numbers under ``fully_shard`` (notebook 10, ZeRO-3): one wrapped module's parameters
+"""The numbers under ``fully_shard`` (notebook 10b, ZeRO-3): one wrapped module's parameters
 kept as 1/N of one flat vector per rank, whole only while the module computes.
 
     the parameters p1, p2, ... (numel values), flattened in order, padded with zeros to
@@ -6,24 +6,22 @@ kept as 1/N of one flat vector per rank, whole only while the module computes.
     shard  (s,)    nn.Parameter in the parameters' dtype: what the optimizer steps; its .grad
                    (s,) is the mean over the ranks of those values' gradients
     full   (N*s,)  in param_dtype: gathered before the module computes, freed right after;
-                   each parameter is a view of it meanwhile
+                   each parameter is a view of it meanwhile; its gradient is reduced in it
 
-``reshard()`` frees ``full``'s memory but keeps the tensor (0 bytes), so the views autograd
-saved for backward see the numbers again after the next ``unshard()``. ``full`` is one autograd
-leaf: every use of every view adds its gradient into ``full.grad``, and autograd calls
-``reduce_grad`` once per backward, when all are in (a module used twice is complete only after
-its first use's backward). There rank r keeps the mean of chunk r and frees the rest. With
-``requires_gradient_sync`` False (FSDP2's ``set_requires_gradient_sync(False)``) it is not
-called: ``full.grad`` stays, and the next backward adds to it, until one with sync reduces all.
+A module's three moments are functions of its ``FlatShard``, the unit (exercise 10.7 writes
+them): ``unshard`` gathers ``full``, ``reshard`` frees its memory but keeps the tensor, so the
+views autograd saved for backward see the numbers again after the next gather, and
+``reduce_grad`` keeps my chunk's mean of ``full.grad``. ``full`` is one autograd leaf: every use
+of every view adds its gradient into ``full.grad``, and autograd calls ``reduce_grad`` once per
+backward, when all are in. With ``requires_gradient_sync`` False (FSDP2's
+``set_requires_gradient_sync(False)``) it is not called: ``full.grad`` stays, and the next
+backward adds to it. ``FlatShard``'s methods of the same names call them.
 
-Collectives (torch 2.13). All-gather: ``dist.all_gather_single``, a ring on Gloo as on NCCL
-(each rank sends N-1 shards to its neighbour), which can run in the background (prefetch.py).
-Reduce-scatter: Gloo has none; ``dist.reduce_scatter_single`` (and the list form) runs Gloo's
-all-reduce on a full-size copy and keeps a slice: twice the bytes. So we use the course's
-``ring_reduce_scatter`` ((N-1)/N of the tensor sent), which blocks backward while it runs.
+All-gather: ``dist.all_gather_single``, a ring on Gloo as on NCCL, which can run in the
+background (prefetch.py). Reduce-scatter: Gloo's runs an all-reduce and keeps a slice (twice the
+bytes), so we use the course's ``ring_reduce_scatter``, which blocks backward while it runs.
 ``counter`` counts what this rank sends: a module gathered for forward and for backward and
-reduce-scattered once sends 3 x (N-1)/N of its bytes per step, 1.5x plain data parallelism's
-all-reduce, 2 x (N-1)/N.
+reduce-scattered once sends 3 x (N-1)/N of its bytes per step, 1.5x plain data parallelism's.
 """
 
 from __future__ import annotations
@@ -70,8 +68,12 @@ class FlatShard:
         self.shard = nn.Parameter(flat[self.rank * s:(self.rank + 1) * s].clone(),  # (s,)
                                   requires_grad=params[0].requires_grad)
         self.shard.is_flat_shard = True  # parameter_places and full_state_dict know it
-        self.param_dtype = param_dtype or flat.dtype  # compute and all-gather in this dtype
-        self.reduce_dtype = reduce_dtype or self.param_dtype  # reduce-scatter in this one
+        self.param_dtype = param_dtype or flat.dtype  # compute, gather and reduce in this dtype
+        if reduce_dtype not in (None, self.param_dtype):
+            raise ValueError(f"fully_shard reduces the gradients in the dtype it computes in, "
+                             f"param_dtype ({self.param_dtype}); a reduce_dtype of its own "
+                             f"({reduce_dtype}), which FSDP2 takes, is not supported here: "
+                             "leave reduce_dtype None")
         self.full = torch.empty(n * s, dtype=self.param_dtype, device=flat.device)  # (N*s,)
         self.reshard()  # no memory until the module computes
         self.pending = None  # the handle of an all-gather started early, not yet waited for
@@ -86,23 +88,20 @@ class FlatShard:
     def is_unsharded(self) -> bool:
         return self.full.untyped_storage().nbytes() > 0
 
-    @torch.no_grad()
     def unshard(self, async_op: bool = False) -> dist.Work | None:
-        """All-gather ``full`` from every rank's shard, cast to param_dtype before it is sent
-        (bf16: half the bytes). Returns the collective's handle with ``async_op``."""
+        """Gather ``full`` (the function ``unshard``) and wait for it; with ``async_op``, return
+        the gather's handle instead (prefetch.py, ``module.unshard(async_op=True)``)."""
         if self.is_unsharded():
             return None
-        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
-        mine = self.shard.detach().to(self.param_dtype)  # (s,)
-        for _ in range(self.world_size - 1):
-            self.counter.add(mine)  # the ring: N-1 shards out of this rank
-        # .data: the numbers change, not autograd's version counter: saved views stay usable
-        return dist.all_gather_single(self.full.data, mine, group=self.process_group,
-                                      async_op=async_op)
+        unshard(self)  # the module's function: the gather runs, its handle in self.pending
+        if async_op:
+            return self.pending
+        self.wait_for_unshard()
+        return None
 
     def reshard(self) -> None:
-        """Free ``full``'s memory (the tensor and its views stay, with nothing behind them)."""
-        self.full.untyped_storage().resize_(0)
+        """Free ``full``'s memory (the function ``reshard``)."""
+        reshard(self)  # the module's function: full's memory freed, the tensor kept
 
     def wait_for_unshard(self) -> None:
         """Wait for an all-gather started early (prefetch.py, ``module.unshard(async_op=True)``)."""
@@ -142,16 +141,46 @@ class FlatShard:
             for owner, attribute, _ in where:
                 setattr(owner, attribute, view)  # a plain attribute, not a parameter
 
-    @torch.no_grad()
     def reduce_grad(self, full: torch.Tensor) -> None:
-        """Hook: ``full.grad`` (N*s,) holds every use's gradient. Keep my shard's mean."""
-        grad = full.grad.to(self.reduce_dtype)  # (N*s,) the same tensor when no cast is needed
-        full.grad = None  # the full-size gradient is freed once reduced
-        ring_reduce_scatter(grad, self.process_group, self.counter, check=False)
-        s, r = self.shard_numel, self.rank
-        mean = grad[r * s:(r + 1) * s].div(self.world_size).to(self.shard.dtype)  # (s,) new
-        if self.shard.grad is None:
-            self.shard.grad = mean
-        else:
-            self.shard.grad += mean  # gradient accumulation: several backward, one step
-        self.reshard()
+        """Hook: ``full.grad`` holds every use's gradient (the function ``reduce_grad``)."""
+        reduce_grad(self)
+
+
+@torch.no_grad()
+def unshard(unit: FlatShard) -> None:
+    """Before the module computes: give ``unit.full`` (N*s,) its memory back and fill it with
+    every rank's shard, rank r's ``unit.shard`` (s,) at values r*s .. (r+1)*s. A module used
+    twice is whole already. The all-gather runs in the background: the module waits for it
+    (``unit.pending``) before it computes, so that a prefetch can start it earlier."""
+    if unit.is_unsharded():
+        return
+    full = unit.full.data  # the same memory; writes here are not versions autograd counts
+    full.untyped_storage().resize_(full.numel() * full.element_size())  # N*s values again
+    r, s = unit.rank, unit.shard_numel
+    mine = full[r * s:(r + 1) * s]  # (s,) my place, in full's dtype
+    mine.copy_(unit.shard.detach())  # my shard in it
+    for _ in range(unit.world_size - 1):
+        unit.counter.add(mine)  # the ring: N-1 shards out of this rank
+    unit.pending = dist.all_gather_single(full, mine, group=unit.process_group, async_op=True)
+
+
+def reshard(unit: FlatShard) -> None:
+    """After the module computed: free ``unit.full``'s memory, but keep the tensor (autograd
+    saved views of it for backward; the next ``unshard`` fills them again)."""
+    unit.full.untyped_storage().resize_(0)  # 0 bytes; the tensor and its views stay
+
+
+@torch.no_grad()
+def reduce_grad(unit: FlatShard) -> None:
+    """Backward is done with the module: ``unit.full.grad`` (N*s,) holds this rank's gradient
+    of all its values. Leave the mean over the ranks of my chunk in ``unit.shard.grad`` (s,),
+    added to what an earlier backward left there; free both full-size tensors."""
+    grad = unit.full.grad  # (N*s,) every use's gradient, added up
+    unit.full.grad = None  # the whole gradient lives on only until it is reduced
+    ring_reduce_scatter(grad, unit.process_group, unit.counter, check=False)  # my chunk: a sum
+    r, s = unit.rank, unit.shard_numel
+    mean = grad[r * s:(r + 1) * s] / unit.world_size  # (s,) a new tensor: grad can go
+    if unit.shard.grad is None:
+        unit.shard.grad = torch.zeros_like(unit.shard)  # in the shard's dtype (fp32 under bf16)
+    unit.shard.grad += mean  # several backward passes, one step: their gradients add up
+    unit.reshard()  # the parameters too, until the next forward

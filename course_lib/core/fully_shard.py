@@ -38,6 +38,7 @@ refuses a change. How torch's ``fully_shard`` (FSDP2) differs from this, FSDP1's
     model.parameters()         one flat_shard per module          the original names (DTensors)
     the root after forward     freed, as every module             kept whole until its backward
     collectives                block (prefetch.py: gather early)  on their own streams
+    gradients reduced in       param_dtype (another: refused)     reduce_dtype
     sync off: full gradient    kept in param_dtype                kept in reduce_dtype
     a parameter no rank uses   zeros in its shard's gradient      no gradient (None)
     model.to(...) afterwards   refused at the next forward        re-shards the new tensors
@@ -65,7 +66,7 @@ class MixedPrecisionPolicy:
     """The dtypes of compute and communication (torch's policy of the same name works too)."""
 
     param_dtype: torch.dtype | None = None  # gather and compute in it; None: the shard's
-    reduce_dtype: torch.dtype | None = None  # reduce gradients in it; None: param_dtype
+    reduce_dtype: torch.dtype | None = None  # None or param_dtype: gradients reduce in it
     output_dtype: torch.dtype | None = None  # cast a tensor output to it; None: leave it
     cast_forward_inputs: bool = True  # floating-point inputs to param_dtype
 

@@ -1,14 +1,17 @@
-"""Exercise 10.6, ZeRO-2's bucket hook: ``reduce_scatter_bucket(grads, piece, group)`` in the
-learner's file, as the ``bucket_hook`` of the course's ``Zero2`` on 2, 3 and 4 processes.
+"""Exercise 10.6, ZeRO-2's two hooks in the learner's file, on 2, 3 and 4 processes:
+``gradient_ready(zero2, param)`` on every parameter (copy ``param.grad`` into its bucket, free
+it, reduce-scatter every complete bucket in order) and ``reduce_scatter_bucket(grads, piece,
+group)`` on every complete bucket.
 
-Rank side: each case builds the same small float64 MLP (8.3's) on every rank and wraps it with
-``Zero2`` (``course_lib/core/zero2.py``): every complete bucket's gradients go through the
-learner's hook. Each rank trains on its own batches (``accum`` micro-steps per step, each loss
-divided by ``accum``). A hook that leaves ``piece.grad`` None or of the wrong shape stops the
-case; of every other call the case keeps whether ``piece.grad`` shares memory with ``grads``
-(then the whole bucket stays alive), which chunk of the bucket it took, and what the call sent
-(the tracer's bytes, collectives and library calls). On 3 and 4 processes a case runs on a
-group of ranks [1, 2] or [1, 3].
+Rank side: each case builds the same small float64 MLP (8.3's) on every rank, wrapped in the
+course's ``Zero2`` with the learner's two hooks, and trains it on each rank's own batches
+(``accum`` micro-steps per step; in one case a layer sits out the first micro-step, so two
+buckets are incomplete when its backward ends). The case keeps, per call of ``gradient_ready``,
+whether ``.grad`` was freed; per bucket that leaves, which one, in which backward, from the
+learner's hook or from ``Zero2.end_of_backward``, how many of its gradients had not come, whether
+every one that came is in its slot, and what the bucket hook kept and sent (the tracer's bytes,
+collectives and library calls). A bucket hook that leaves ``piece.grad`` None or of the wrong
+shape stops the case. On 3 and 4 processes a case runs on a group of ranks [1, 2] or [1, 3].
 
 Kernel side: ``reference`` is plain data parallelism (the mean of every rank's gradient, a
 whole torch optimizer), computed from the same seeds.
@@ -40,6 +43,7 @@ from course_lib.core.zero2 import Zero2
 
 FEATURES, CLASSES, BATCH = hooks.FEATURES, hooks.CLASSES, 4
 SMALL_CAP = 2200  # bytes: 4 buckets of the model's float64 parameters
+SKIPPED = 2  # the layer a case leaves out of its first micro-step: in buckets 1 and 2
 OPTIMIZERS = {"SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
               "AdamW": (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.01})}
 
@@ -48,7 +52,10 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
     specs = [{"name": "2 steps, 4 buckets, SGD with momentum", "steps": 2, "accum": 1,
               "cap": SMALL_CAP, "optimizer": "SGD with momentum"},
              {"name": "1 step of 2 micro-steps (accumulation), one bucket, AdamW", "steps": 1,
-              "accum": 2, "cap": 25 * MB, "optimizer": "AdamW"}]
+              "accum": 2, "cap": 25 * MB, "optimizer": "AdamW"},
+             {"name": f"1 step of 2 micro-steps, 4 buckets, layer {SKIPPED} unused in the "
+                      "first", "steps": 1, "accum": 2, "cap": SMALL_CAP,
+              "optimizer": "SGD with momentum", "unused_in": [0]}]
     if world_size >= 3:
         ranks = subgroup(world_size)
         specs.append({"name": f"a group of ranks {ranks} (not the whole world)", "steps": 1,
@@ -61,6 +68,18 @@ def batch(spec: dict, rank: int, step: int, micro: int) -> tuple[torch.Tensor, t
     g = torch.Generator().manual_seed(10_000 * spec["seed"] + 100 * step + 10 * micro + rank)
     return (torch.randn(BATCH, FEATURES, generator=g, dtype=torch.float64),
             torch.randint(0, CLASSES, (BATCH,), generator=g))
+
+
+def forward(model: nn.Sequential, x: torch.Tensor, skip: bool) -> torch.Tensor:
+    """The MLP, or without layer SKIPPED and its tanh (its parameters then get no gradient)."""
+    layers = [m for i, m in enumerate(model) if not (skip and i in (SKIPPED, SKIPPED + 1))]
+    return nn.Sequential(*layers)(x)  # (BATCH, CLASSES)
+
+
+def micro_loss(spec: dict, model: nn.Sequential, rank: int, step: int, micro: int):
+    x, y = batch(spec, rank, step, micro)
+    skip = step == 0 and micro in spec.get("unused_in", ())
+    return F.cross_entropy(forward(model, x, skip), y) / spec["accum"]
 
 
 def flat(model: nn.Module) -> list[float]:
@@ -82,8 +101,7 @@ def reference(spec: dict, ranks: int, grad_scale: float = 1.0,
             if last_micro_only:
                 optimizer.zero_grad(set_to_none=True)
             for rank in range(ranks):  # the mean over the ranks of each one's loss
-                x, y = batch(spec, rank, step, micro)
-                loss = F.cross_entropy(model(x), y) / spec["accum"] / ranks
+                loss = micro_loss(spec, model, rank, step, micro) / ranks
                 (loss * grad_scale).backward()
         optimizer.step()
         after.append(flat(model))
@@ -97,13 +115,55 @@ def chunk_taken(added: torch.Tensor, grads: torch.Tensor, n: int) -> int | None:
                                                        rtol=1e-12, atol=0)), None)
 
 
+class CaseZero2(Zero2):
+    """``Zero2`` whose hook on every parameter is the learner's ``gradient_ready``; it keeps
+    each gradient as the hook got it, and whether the hook freed ``.grad``."""
+
+    learner = None  # the learner's module (set before building)
+
+    def __init__(self, model: nn.Module, *args, **kwargs):
+        self.came = {}  # parameter -> its gradient (numel,) since its bucket last left
+        self.kept_grad, self.at_end = None, False  # a .grad the hook did not free; in the end?
+        super().__init__(model.parameters(), *args, **kwargs)
+        self.label = {p: f"parameter {name}" for name, p in model.named_parameters()}
+
+    def gradient_ready(self, param: nn.Parameter) -> None:
+        self.came[param] = param.grad.detach().reshape(-1).clone()
+        self.learner.gradient_ready(self, param)
+        if param.grad is not None and self.kept_grad is None:
+            self.kept_grad = self.label[param]
+
+    def end_of_backward(self) -> None:
+        self.at_end = True  # the buckets this backward left, reduced by the library
+        try:
+            super().end_of_backward()
+        finally:
+            self.at_end = False
+
+
 class HookLog:
-    """The learner's hook, called by Zero2 for each complete bucket, and what each call did."""
+    """The learner's bucket hook, called for each bucket that leaves, and what each call did."""
 
     def __init__(self, learner, log):
         self.learner, self.log, self.calls = learner, log, []
+        self.zero2, self.backward = None, 0  # set once Zero2 is built; the backward running
+
+    def which(self, grads: torch.Tensor, piece: nn.Parameter) -> dict:
+        """The bucket leaving now, how many of its gradients have not come yet, and which of
+        those that came is not in its slot of ``grads``."""
+        z = self.zero2
+        index = next(i for i, b in enumerate(z.buckets) if b.piece is piece)
+        bucket = z.buckets[index]
+        lost = [z.label[p] for p, start in zip(bucket.params, bucket.offsets, strict=True)
+                if p in z.came and not torch.equal(grads[start:start + p.numel()], z.came[p])]
+        missing = sum(p not in z.came for p in bucket.params)
+        for p in bucket.params:
+            z.came.pop(p, None)
+        return {"backward": self.backward, "bucket": index, "missing": missing,
+                "of": len(bucket.params), "at_end": z.at_end, "lost": lost[:1]}
 
     def __call__(self, grads: torch.Tensor, piece: nn.Parameter, group) -> None:
+        left = self.which(grads, piece)
         sent, before = self.log.bytes_sent, (len(self.log.collectives), len(self.log.library))
         earlier = None if piece.grad is None else piece.grad.detach().clone()
         self.learner.reduce_scatter_bucket(grads, piece, group)
@@ -116,7 +176,7 @@ class HookLog:
                               "the bucket), but your hook left a piece.grad of shape "
                               f"{tuple(got.shape)}")
         self.calls.append({
-            "bucket_bytes": grads.numel() * grads.element_size(), "s": piece.numel(),
+            **left, "bucket_bytes": grads.numel() * grads.element_size(), "s": piece.numel(),
             "shares_bucket": (got.untyped_storage().data_ptr() ==
                               grads.untyped_storage().data_ptr()),
             "sent": self.log.bytes_sent - sent,
@@ -131,20 +191,72 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
     optimizer_class, optimizer_options = OPTIMIZERS[spec["optimizer"]]
     after = []
     with tracer.watching(spec["name"], members(spec)) as log:
-        hook = HookLog(learner, log)
-        optimizer = Zero2(model.parameters(), optimizer_class, process_group=passed(spec, group),
-                          bucket_cap_mb=spec["cap"] / MB, bucket_hook=hook, **optimizer_options)
+        hook, CaseZero2.learner = HookLog(learner, log), learner
+        optimizer = CaseZero2(model, optimizer_class,
+                              process_group=passed(spec, group), bucket_cap_mb=spec["cap"] / MB,
+                              bucket_hook=hook, **optimizer_options)
+        hook.zero2 = optimizer
         for step in range(spec["steps"]):
             for micro in range(spec["accum"]):
-                x, y = batch(spec, rank, step, micro)
-                (F.cross_entropy(model(x), y) / spec["accum"]).backward()  # hooks run here
+                micro_loss(spec, model, rank, step, micro).backward()  # the hooks run here
+                hook.backward += 1
             optimizer.step()
             optimizer.zero_grad()
             after.append(flat(model))
-    return {"after": after, "hooks": hook.calls, **log.summary()}
+    return {"after": after, "hooks": hook.calls, "backwards": hook.backward,
+            "buckets": [len(b.params) for b in optimizer.buckets],
+            "kept_grad": optimizer.kept_grad, **log.summary()}
 
 
 # ---- the judge (in the kernel) --------------------------------------------------------------
+
+def ordinal(k: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(k, f"{k}th")
+
+
+def judge_gradient_hook(s: dict, who: str) -> None:
+    """What the learner's gradient_ready did with each gradient: freed, kept in its slot."""
+    expect(s["kept_grad"] is None,
+           f"after your gradient_ready, {who}'s {s['kept_grad']} still held its .grad: the "
+           "full-size gradient lives on beside its copy in the bucket, the memory ZeRO-2 is "
+           "there to free, and the next backward adds its gradient to it")
+    for call in s["hooks"]:
+        expect(not call["lost"], f"bucket {call['bucket']} went to the reduce-scatter without "
+                                 f"the gradient of {''.join(call['lost'])} in its slot: every "
+                                 "gradient of a bucket must stay in the bucket's buffer, at "
+                                 "its offset, until the bucket leaves")
+
+
+def judge_launches(s: dict, who: str) -> None:
+    """Each backward: every bucket reduce-scattered once, in order, each from the learner's
+    hook as soon as it and every bucket before it are complete."""
+    for k in range(s["backwards"]):
+        calls = [c for c in s["hooks"] if c["backward"] == k]
+        when = f"in the {ordinal(k + 1)} backward"
+        for c in calls:
+            expect(not c["missing"] or c["at_end"],
+                   f"{when}, your gradient_ready reduce-scattered bucket {c['bucket']} while "
+                   f"{c['missing']} of its {c['of']} gradients had not come yet: a bucket "
+                   "leaves only once every one of its gradients is in it")
+        order = [c["bucket"] for c in calls]
+        for i, b in enumerate(order):
+            expect(b not in order[:i], f"{when}, bucket {b} was reduce-scattered twice")
+            expect(b == i, f"{when}, {who} reduce-scattered bucket {b} before bucket {i}: "
+                           "every rank must launch the buckets in one order, the plan's, "
+                           "whatever order the gradients come in; a rank whose gradients come "
+                           "in another order would pair its reduce-scatters with other buckets")
+        expect(len(order) == len(s["buckets"]),
+               f"{when}, bucket {len(order)} was never reduce-scattered: the buckets a "
+               "backward leaves incomplete are reduced when it ends (end_of_backward, which "
+               "the first lines of gradient_ready queue), and that also readies the "
+               "buckets for the next backward")
+        late = [c for c in calls if c["at_end"]]
+        expect(not late or late[0]["missing"] > 0,
+               f"{when}, bucket {late[0]['bucket'] if late else ''} held every gradient "
+               "before backward ended, and so did every bucket before it, but your "
+               "gradient_ready did not reduce-scatter it: it waited for the end of backward, "
+               "where nothing overlaps")
+
 
 def judge_hook_call(call: dict, who: str, n: int) -> None:
     """What one call of the hook kept (the case checked piece.grad's shape), and sent."""
@@ -186,6 +298,9 @@ def judge_step(spec: dict, got: list, who: str, step: int, n: int, world: int) -
 
 def judge(spec: dict, by_rank: dict, run) -> None:
     n, want = len(by_rank), reference(spec, len(by_rank))
+    for rank in range(n):  # first what the gradient hook did with each gradient and bucket
+        judge_gradient_hook(by_rank[rank], rank_name(by_rank, rank))
+        judge_launches(by_rank[rank], rank_name(by_rank, rank))
     if any(not close(by_rank[r]["after"][-1], want[-1]) for r in range(n)):
         for rank in range(n):  # wrong values: first, whose chunk did each rank keep?
             for call in by_rank[rank]["hooks"]:
@@ -206,17 +321,20 @@ def judge(spec: dict, by_rank: dict, run) -> None:
 
 
 def explain(error: dict, text: str) -> str:
-    if not is_shape_error(error["message"]):
+    if not is_shape_error(error["message"]) and "number of sizes provided" not in error["message"]:
         return ""
+    if error.get("function") == "gradient_ready":
+        return ("A parameter's slot in the bucket is flat, param.numel() values in a row, "
+                "while param.grad has the parameter's shape.")
     return global_rank_sentence(error, text) or (
         "piece holds s values, this rank's chunk of the bucket: its gradient has that shape, "
         "and a gradient of the whole bucket, N*s values, does not fit it.")
 
 
 EXERCISE = FileExercise(
-    "10.6", "workspace/my_zero2.py", ("reduce_scatter_bucket",), __name__,
+    "10.6", "workspace/my_zero2.py", ("gradient_ready", "reduce_scatter_bucket"), __name__,
     Advice.unpaired("every rank must reduce-scatter each bucket once, in the group it is "
                     "given", calls="collectives"), judge,
-    library={"course_lib.core.zero2": "that is the course's own hook: write it yourself, "
-                                      "from the ring's reduce-scatter"},
+    library={"course_lib.core.zero2": "that is the course's own ZeRO-2: write its two hooks "
+                                      "yourself, the second from the ring's reduce-scatter"},
     explain=explain, deadline_s=60.0, entry="check.nb10b.my_zero2")
