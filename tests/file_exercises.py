@@ -438,7 +438,16 @@ MY_HOOKS = Exercise(nb08.my_hooks, "my_hooks.py", right={
     "torch's DDP": Wrong([("import torch.nn.functional as F\n", "import torch.nn.functional as F"
                            "\nfrom torch.nn.parallel import DistributedDataParallel as DDP  # "
                            "noqa: F401\n")], "uses torch.nn.parallel.DistributedDataParallel "
-                                             "(line {line:as DDP})", None)})
+                                             "(line {line:as DDP})", None),
+    "the library's buckets beside the plan": Wrong([(
+        "from course_lib.core.buckets import MB, plan_buckets",
+        "from course_lib.core.buckets import MB, BucketedDataParallel, plan_buckets")],
+        ("uses the library's BucketedDataParallel (line {line:import MB, Bucketed}): the point is "
+         "to write the hooks yourself", "the file may import only MB and plan_buckets"), None),
+    "the buckets module whole": Wrong([(
+        "from course_lib.core.buckets import MB, plan_buckets",
+        "from course_lib.core import buckets\nfrom course_lib.core.buckets import MB, "
+        "plan_buckets")], "uses the library's buckets (line {line:import buckets})", None)})
 
 # ---- 9.3: a complete DDP script ----------------------------------------------------------------
 

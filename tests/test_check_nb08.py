@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from answer_edits import reference
 from check_reports import assert_passes, shown_report, standard_tests
 
 from course_lib.check import nb08
+from course_lib.check.cases import hooks
 from course_lib.check.checker import ExerciseError
 from course_lib.check.nb08 import buckets_by_hand, exposed_communication
 from course_lib.core.buckets import plan_buckets
@@ -146,6 +148,33 @@ def test_the_hooks_checker_wants_a_path_and_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no workspace/ here: the %%writefile cell was not run
     assert "run the cell that starts with %%writefile workspace/my_hooks.py first" in \
         shown_report(nb08.my_hooks, "workspace/my_hooks.py")
+
+
+IMPORTED = "from course_lib.core.buckets import MB, plan_buckets"
+
+
+@pytest.mark.parametrize("imports, refused", [
+    (IMPORTED, None),  # the plan of 8.1 and the megabyte: the one course import allowed
+    (IMPORTED.replace("MB, ", ""), None),
+    (IMPORTED + ", make_buckets", "the library's make_buckets"),
+    ("import course_lib.core.buckets as course_buckets", "the library's buckets"),
+    (IMPORTED + "\nfrom course_lib.core.overlap import OverlapDataParallel",
+     "the library's OverlapDataParallel"),
+    (IMPORTED + "\nimport course_lib", "course_lib (line")])
+def test_my_hooks_may_import_the_plan_of_8_1_and_nothing_else_of_the_course(
+        tmp_path, imports, refused):
+    """Read before any launch: the reference's own import passes, any other is refused."""
+    text = reference("my_hooks.py")
+    assert text.count(IMPORTED) == 1
+    path = tmp_path / "my_hooks.py"
+    path.write_text(text.replace(IMPORTED, imports))
+    if refused is None:
+        hooks.before_launch(str(path))
+        return
+    with pytest.raises(ExerciseError) as caught:
+        hooks.before_launch(str(path))
+    assert refused in caught.value.hint and "may import only MB and plan_buckets" in \
+        caught.value.hint, caught.value.hint
 
 
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \

@@ -10,7 +10,9 @@ still running, how many gradients were ready then, and which tensor (and how man
 reduced. The learner's async handles hold the result back until they are waited on
 (``HeldBack``: the bucket keeps this rank's values till ``wait()``, as a real all-reduce may),
 so a bucket read before its wait gives a wrong gradient every time, not only when the network
-is slow. On 3 and 4 processes a case runs on a group of ranks [1, 2] or [1, 3].
+is slow. On 3 and 4 processes a case runs on a group of ranks [1, 2] or [1, 3]. Of the
+course's code the file may use only ``course_lib.core.buckets``' ``MB`` and ``plan_buckets``
+(exercise 8.1's plan, which the file's ``plan_by_hand`` calls until the learner pastes theirs).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from course_lib.check.checker import ExerciseError, expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import Tracer
 from course_lib.check.mp.verdict import Advice
+from course_lib.check.own_work import names_in_file, shown
 from course_lib.core.buckets import MB  # bytes in a megabyte, as bucket_cap_mb counts them
 
 SMALL_CAP = 1100  # bytes: 4 buckets for the model below (the last layer's leave first)
@@ -298,11 +301,23 @@ def explain(error: dict, text: str) -> str:
 
 YOURSELF = ("the point is to write the hooks yourself, with register_post_accumulate_grad_hook "
             "and dist.all_reduce")
+PLAN = ("course_lib.core.buckets.MB", "course_lib.core.buckets.plan_buckets")  # 8.1's plan
+
+
+def before_launch(path: str) -> None:
+    """Refuse every use of the course's code in the file (outside its ``__main__`` block) but
+    ``from course_lib.core.buckets import MB, plan_buckets``: the plan is exercise 8.1's."""
+    for full, written, line in names_in_file(path):
+        if (full == "course_lib" or full.startswith("course_lib.")) and full not in PLAN:
+            raise ExerciseError(f"{path} uses {shown(full, written)} (line {line}): {YOURSELF} "
+                                "(from the course, the file may import only MB and "
+                                "plan_buckets, from course_lib.core.buckets)")
+
 SAME = "Every rank must start the same all-reduces, in the same order."
 EXERCISE = FileExercise(
     "8.3", "workspace/my_hooks.py", ("BucketHooks",), __name__,
     Advice(all_send=SAME, all_recv=SAME, mismatch=SAME, size="Every rank must all-reduce "
            "buckets of the same sizes, in the same order."), judge,
-    library=dict.fromkeys(("course_lib", "DistributedDataParallel", "register_comm_hook"),
-                          YOURSELF), explain=explain, deadline_s=60.0,
+    library=dict.fromkeys(("DistributedDataParallel", "register_comm_hook"), YOURSELF),
+    explain=explain, before_launch=before_launch, deadline_s=60.0,
     entry="check.nb08.my_hooks")
