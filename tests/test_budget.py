@@ -207,6 +207,26 @@ def test_bigger_caps_put_less_on_the_link_for_the_same_bytes():
         assert len(sent) == 1
 
 
+# ---- the challenge: more than one good answer ----------------------------------------------
+
+def test_the_challenge_leaves_more_than_one_split_that_fits():
+    """11.2 is a choice of split, not only of ZeRO stage and bucket cap: of every plan the
+    checker accepts (tried one by one), at least two splits of the global batch (processes x
+    accumulation steps x micro-batch) have plans that fit both caps, and each split's plans are
+    the fitting plans of that split, each keeping the recipe."""
+    challenge = Budget()
+    families = budget.splits_that_fit(challenge)
+    print({split: len(plans) for split, plans in families.items()})
+    assert len(families) >= 2
+    every = budget.every_plan(challenge)
+    for (n, k, m), plans in families.items():
+        assert n * k * m == challenge.global_batch
+        same_split = [p for p in every if (p.nproc, p.accum_steps, p.micro_batch) == (n, k, m)]
+        assert plans == [p for p in same_split if not budget.verdict(p, challenge)]
+    others = [p for p in every if (p.nproc, p.accum_steps, p.micro_batch) not in families]
+    assert others and all(budget.verdict(p, challenge) for p in others)
+
+
 # ---- no plan wins through an artefact ------------------------------------------------------
 
 
@@ -341,7 +361,7 @@ def test_notebook_claims_about_the_stages_on_one_split():
 
 
 def test_notebook_claims_two_plans_miss():
-    alone, (memory, both) = (budget.verdict(p, Budget()) for p in (Plan(4, 8, 1), Plan(8, 2, 2)))
+    alone, two = (budget.verdict(p, Budget()) for p in (Plan(4, 8, 1), Plan(8, 2, 2)))
     assert "the compute alone is over the cap" in alone[0] and len(alone) == 1
-    assert memory.startswith("memory") and "whole on each process" in memory
-    assert "the compute alone is over the cap" in both  # two micro-steps of compute
+    assert len(two) == 1  # 2 processes of micro-batch 8: fast enough, too big
+    assert two[0].startswith("memory") and "whole on each process" in two[0]

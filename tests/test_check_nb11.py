@@ -16,6 +16,7 @@ from file_exercises import BUGS, CAPSTONE
 
 from course_lib.check import nb11
 from course_lib.check.cases import capstone
+from course_lib.check.mp.learner import MARKED_LINE
 from course_lib.check.reference import reference_answer
 from course_lib.lessons import budget
 from course_lib.lessons.budget import Budget, Plan
@@ -38,8 +39,19 @@ def test_the_handed_out_file_fails_at_the_first_bugs_rung(workspace):
     assert not has_passed("11.1", f"workspace/{TRAINER}")
 
 
-def test_the_exercise_opens_empty():
-    assert skeleton(TRAINER).startswith('raise NotImplementedError("Exercise 11.1')
+def test_the_exercise_opens_with_the_trainer_and_a_marked_line_where_each_bug_is():
+    """The student's cell holds section 2's trainer, every line of it but those of the places
+    it goes wrong, each a marked line: five bugs in four places, markers around what the
+    learner fixes only. The reference fills each place with lines the buggy trainer lacks."""
+    given, buggy = skeleton(TRAINER).split("\n"), reference("buggy_trainer.py").split("\n")
+    holes = [line for line in given if MARKED_LINE.search(line)]
+    assert len(holes) == 4
+    kept = [line for line in given if line not in holes]
+    rest = iter(buggy)
+    assert all(line in rest for line in kept)  # the buggy trainer's lines, in its order
+    assert len(buggy) - len(kept) <= 12  # what the four places hold in the buggy trainer
+    fixed = reference(TRAINER).split("\n")
+    assert [line for line in fixed if line not in buggy]  # the fixes: lines of their own
 
 
 # ---- 11.2: the budget --------------------------------------------------------------------
@@ -84,6 +96,15 @@ def test_the_notebooks_answer_is_the_fastest_and_a_slower_right_plan_passes_too(
            f"yours {seconds:.3f} s" in out
 
 
+def test_the_checker_accepts_a_plan_of_every_split_that_fits(capsys):
+    """At least two families of good answers: the fastest plan of each split that fits passes,
+    whichever split the learner chose."""
+    families = budget.splits_that_fit(Budget())
+    assert len(families) >= 2
+    for plans in families.values():
+        passed(min(plans, key=lambda p: budget.run_seconds(p, Budget())), capsys)
+
+
 def test_a_plan_over_the_memory_cap_names_each_part_not_the_plan_to_pick():
     plan = Plan(8, 1, 4, bucket_kib=64, zero_stage=0)  # fast enough, whole AdamW state
     shown = rejection(plan)
@@ -99,16 +120,18 @@ def test_a_plan_over_the_memory_cap_names_each_part_not_the_plan_to_pick():
 def test_a_plan_over_the_time_cap_names_the_part_that_takes_it_over():
     plan = Plan(8, 1, 4, bucket_kib=0.05, zero_stage=2)  # a bucket per tensor, 28 on the link
     shown = rejection(plan)
-    seconds = budget.run_seconds(plan, Budget())
-    assert f"time: {seconds:.2f} s for 100 steps, {seconds - 0.6:.2f} s over the 0.60 s cap" \
-        in shown
+    seconds, cap = budget.run_seconds(plan, Budget()), Budget().time_cap_s
+    assert f"time: {seconds:.2f} s for 100 steps, {seconds - cap:.2f} s over the {cap:.2f} s " \
+           "cap" in shown
     assert "the compute fits, the communication it does not hide takes it over" in shown
     assert "memory" not in shown and "bucket_kib" not in shown
 
 
 def test_a_plan_over_both_caps_names_both():
-    shown = rejection(Plan(8, 2, 2, bucket_kib=1024, zero_stage=0))
-    assert "memory: 956 KiB" in shown and "time: 0.81 s" in shown
+    plan = Plan(16, 2, 1)  # one process, micro-batch 16
+    shown = rejection(plan)
+    memory, seconds = budget.memory_kib(plan)["total"], budget.run_seconds(plan, Budget())
+    assert f"memory: {memory:.0f} KiB" in shown and f"time: {seconds:.2f} s" in shown
     assert "the compute alone is over the cap" in shown
 
 
