@@ -55,9 +55,9 @@ def current(notebook: dict, name: str, repo: str) -> dict:
     title["source"] = source_lines(with_links("".join(title["source"]), open_links(repo, name)))
     first_code = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
     old = next((c for c in notebook["cells"] if c.get("id") == SETUP_ID), {})
-    cell = {"cell_type": "code", "execution_count": old.get("execution_count"),
-            "id": SETUP_ID, "metadata": {}, "outputs": [],
-            "source": source_lines(setup_cell(repo))}
+    cell = {"cell_type": "code", "execution_count": old.get("execution_count"),  # as run
+            "id": SETUP_ID, "metadata": old.get("metadata", {}),
+            "outputs": old.get("outputs", []), "source": source_lines(setup_cell(repo))}
     cells.insert(first_code, cell)
     return {**notebook, "cells": cells}
 
