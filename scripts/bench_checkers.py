@@ -13,7 +13,8 @@ tests/file_exercises.py (``WRONG`` and ``DEADLOCK``). With ``--before REV`` the 
 run on the checkers of commit REV too (its files, unpacked with ``git archive`` into a
 temporary folder), exercise by exercise in turns, so that both see the same load; the table
 gives both times side by side. Each measurement runs in a process of its own; ``--rounds``
-takes the median of several.
+takes the median of several; ``--busy N`` keeps N more processes spinning on the CPU
+throughout, as other work on a shared laptop would.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("exercises", nargs="*", help="exercise ids (default: every one)")
     parser.add_argument("--before", metavar="REV", help="also time the checkers of commit REV")
     parser.add_argument("--rounds", type=int, default=1, help="measurements to take the median of")
+    parser.add_argument("--busy", type=int, default=0, help="processes that keep the CPU busy")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.measure:  # a child: one exercise, its answers on stdin
@@ -136,6 +138,19 @@ def main(argv: list[str] | None = None) -> int:
 
     jobs = answers(ns.exercises or list(EXERCISES))
     results = {}
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(ns.busy)]
+    try:
+        measure_all(jobs, ns, results)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    print("\n".join(table(results, bool(ns.before))))
+    return 0
+
+
+def measure_all(jobs: dict, ns, results: dict) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-before-") as folder:
         old_tree = unpack(ns.before, Path(folder)) if ns.before else None
         for key, job in jobs.items():
@@ -149,8 +164,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[time] {key} {kind}: {results[key][0][kind][0]:.1f} s"
                       + (f" (before: {results[key][1][kind][0]:.1f} s)" if then else "")
                       + f"  {results[key][0][kind][1]}", flush=True)
-    print("\n".join(table(results, bool(ns.before))))
-    return 0
 
 
 if __name__ == "__main__":
