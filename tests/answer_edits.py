@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 
 from course_lib.check.exercise_cells import written_file
-from course_lib.check.student_copy import BEGIN, END, make_student_copy
+from course_lib.check.student_copy import make_student_copy, reference_lines
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -36,8 +36,7 @@ def _files() -> dict[str, tuple[str, str]]:
             name = written_file(cell.source) if cell.cell_type == "code" else None
             if name:
                 body = cell.source.split("\n", 1)[1]
-                reference_text = "\n".join(line for line in body.split("\n")
-                                           if line.strip() not in (BEGIN, END))
+                reference_text = "\n".join(reference_lines(body.split("\n")))
                 student_text = copy.cells[i + shift].source.split("\n", 1)[1]
                 files[Path(name).name] = (reference_text + "\n", student_text + "\n")
     return files

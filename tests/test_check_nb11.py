@@ -9,6 +9,7 @@ trying every plan) and the notebook's answer pass, and so does a slower plan tha
 
 from pathlib import Path
 
+import nbformat
 import pytest
 from answer_edits import edited, reference, skeleton
 from check_reports import report_of, shown_report
@@ -16,8 +17,8 @@ from file_exercises import BUGS, CAPSTONE
 
 from course_lib.check import nb11
 from course_lib.check.cases import capstone
-from course_lib.check.mp.learner import MARKED_LINE
 from course_lib.check.reference import reference_answer
+from course_lib.check.student_copy import make_student_copy
 from course_lib.lessons import budget
 from course_lib.lessons.budget import Budget, Plan
 from course_lib.runtime.workspace import has_passed
@@ -32,26 +33,42 @@ def test_the_handed_out_file_fails_at_the_first_bugs_rung(workspace):
     text = edited(reference("capstone_trainer.py"),
                   [edit for bug in BUGS for edit in CAPSTONE.wrong[bug].edits])
     assert text == reference("buggy_trainer.py")
-    shown = " ".join(line.strip() for line in report_of(
-        nb11.capstone_trainer, workspace.put(text, TRAINER), modules=(capstone, budget)))
+    shown = " ".join(line.strip() for line in report_of(  # as section 2 runs it
+        nb11.capstone_trainer, workspace.put(text, "buggy_trainer.py"),
+        modules=(capstone, budget)))
     for words in CAPSTONE.wrong[BUGS[0]].said:  # rung 2: the loss not scaled
         assert words in shown, shown
-    assert not has_passed("11.1", f"workspace/{TRAINER}")
+    assert not has_passed("11.1", "workspace/buggy_trainer.py")
 
 
-def test_the_exercise_opens_with_the_trainer_and_a_marked_line_where_each_bug_is():
-    """The student's cell holds section 2's trainer, every line of it but those of the places
-    it goes wrong, each a marked line: five bugs in four places, markers around what the
-    learner fixes only. The reference fills each place with lines the buggy trainer lacks."""
-    given, buggy = skeleton(TRAINER).split("\n"), reference("buggy_trainer.py").split("\n")
-    holes = [line for line in given if MARKED_LINE.search(line)]
-    assert len(holes) == 4
-    kept = [line for line in given if line not in holes]
-    rest = iter(buggy)
-    assert all(line in rest for line in kept)  # the buggy trainer's lines, in its order
-    assert len(buggy) - len(kept) <= 12  # what the four places hold in the buggy trainer
-    fixed = reference(TRAINER).split("\n")
-    assert [line for line in fixed if line not in buggy]  # the fixes: lines of their own
+def test_the_student_copy_hands_out_the_buggy_trainer_and_it_is_not_done_yet(
+        workspace, capsys, monkeypatch):
+    """The student copy's file is section 2's trainer, bugs and all: the markers sit around
+    the four places the fixes go (five bugs), each with the buggy lines as its student
+    version. Left as given it is "not done yet" without a launch; changed, it is launched."""
+    assert skeleton(TRAINER) == reference("buggy_trainer.py")
+    blocks = [b for b in make_student_copy(nbformat.read(NOTEBOOK, as_version=4)).blocks
+              if b.exercise_id == "11.1"]
+    assert len(blocks) == 4 and all(b.given and b.given != b.lines for b in blocks)
+    monkeypatch.setattr(capstone, "run_file", lambda *a, **k: pytest.fail("it launched"))
+    nb11.capstone_trainer(workspace.put(skeleton(TRAINER), TRAINER))
+    assert capsys.readouterr().out == (
+        "Exercise 11.1: not done yet (this is the code as given: fix it where its cell's text "
+        "says, then run the cell again).\n")
+
+    class Launched(Exception):
+        pass
+
+    def launched(*args, **kwargs):
+        raise Launched
+
+    monkeypatch.setattr(capstone, "run_file", launched)
+    with pytest.raises(Exception) as error:  # one bug fixed: the ladder is climbed
+        nb11.capstone_trainer(workspace.put(edited(skeleton(TRAINER), [(
+            "        orders.append(list(sampler))",
+            "        sampler.set_epoch(epoch)\n        orders.append(list(sampler))")]),
+            TRAINER))
+    assert isinstance(error.value.__cause__ or error.value, Launched)
 
 
 # ---- 11.2: the budget --------------------------------------------------------------------

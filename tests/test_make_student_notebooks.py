@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))  # the script and the modules beside it
 import make_student_notebooks as msn  # noqa: E402
 
-from course_lib.check.student_copy import marked_line  # noqa: E402
+from course_lib.check.student_copy import marked_line, reference_lines  # noqa: E402
 
 CHECKERS = '''
 from course_lib.check.checker import exercise
@@ -119,6 +119,35 @@ def test_exercise_id_from_markdown_when_the_checker_has_none(check_dir):
     assert msn.make_student_copy(nb, "nb99", check_dir).blocks[0].exercise_id == "9.7"
 
 
+GIVEN = """\
+    # END SOLUTION
+    # BEGIN STUDENT VERSION
+    # y = 3 * x  # the given code: wrong, the learner fixes it
+    #
+    # return y
+    # END STUDENT VERSION
+"""
+GIVEN_CELL = GOOD_CELL.replace("    # END SOLUTION\n", GIVEN)
+
+
+def test_a_student_version_is_what_the_copy_holds_and_the_reference_leaves_out(check_dir):
+    made = msn.make_student_copy(notebook(code(GIVEN_CELL)), "nb99", check_dir)
+    assert made.notebook.cells[-1].source == textwrap.dedent('''\
+        def my_double(x):
+            """Twice x."""
+            y = 3 * x  # the given code: wrong, the learner fixes it
+
+            return y
+
+
+        check.nb99.doubled(my_double)''')
+    assert made.blocks[0].lines == ["    y = 2 * x", "    return y"]  # the solution
+    assert made.blocks[0].exercise_id == "9.1" and made.cleared == {2}
+    ran = "\n".join(reference_lines(GIVEN_CELL.split("\n")))  # what the reference runs
+    assert ran == GOOD_CELL.replace("    # BEGIN SOLUTION\n", "").replace(
+        "    # END SOLUTION\n", "")
+
+
 MALFORMED = {
     "only in a class body": "class Doubler:\n    # BEGIN SOLUTION\n    factor = 2\n"
                             "    # END SOLUTION\ncheck.nb99.doubled(Doubler)",
@@ -139,6 +168,14 @@ MALFORMED = {
     "with its marked line": "def my_double(x):\n    y = (x +\n    # BEGIN SOLUTION\n    x)\n"
                      "    # END SOLUTION\n    return y\ncheck.nb99.doubled(my_double)",
     "not valid Python": GOOD_CELL.replace("return y", "return y)"),
+    "lines are commented out": GIVEN_CELL.replace("    # return y", "    return y"),
+    "without a '# END STUDENT VERSION'": GIVEN_CELL.replace("    # END STUDENT VERSION\n", ""),
+    "indent '# BEGIN STUDENT VERSION'": GIVEN_CELL.replace("    # BEGIN STUDENT",
+                                                           "# BEGIN STUDENT"),
+    "an empty student version": GOOD_CELL.replace(
+        "    # END SOLUTION\n",
+        "    # END SOLUTION\n    # BEGIN STUDENT VERSION\n    # END STUDENT VERSION\n"),
+    "a student version right after": GOOD_CELL + "\n# BEGIN STUDENT VERSION",  # no block
 }
 
 

@@ -33,6 +33,7 @@ printing and plot style again. A run that fails, a warning on stderr included, h
 kernel to no one: the next notebook gets a new one.
 """
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -95,21 +96,35 @@ def without_note(student, made):
     return nb
 
 
+def as_written(block) -> list[str]:
+    """A block as the reference notebook writes it: markers, solution, commented student
+    version (if it has one)."""
+    marked = [block.indent + student_copies.BEGIN, *block.lines, block.indent + student_copies.END]
+    if block.given:
+        commented = [block.indent + "# " + line[len(block.indent):] if line else
+                     block.indent + "#" for line in block.given]
+        marked += [block.indent + student_copies.GIVEN_BEGIN, *commented,
+                   block.indent + student_copies.GIVEN_END]
+    return marked
+
+
 def fill_in(student, made, markers: bool):
-    """The copy without its note, each marked line replaced by its solution block (with the
-    block's markers when ``markers``)."""
+    """The copy without its note, each marked line (or student version) replaced by its
+    solution block (as the reference writes it when ``markers``)."""
     nb = without_note(student, made)
     for i in sorted({b.cell for b in made.blocks}):
         blocks = sorted((b for b in made.blocks if b.cell == i), key=lambda b: b.begin)
-        lines = []
-        for line in nb.cells[i].source.split("\n"):
+        lines, old, at = [], nb.cells[i].source.split("\n"), 0
+        while at < len(old):
             block = blocks[0] if blocks else None
-            if block and line == block.indent + student_copies.marked_line(block.exercise_id):
+            stands_for = block.hole() if block else None  # the marked line, or what is given
+            if block and old[at:at + len(stands_for)] == stands_for:
                 blocks.pop(0)
-                marks = [block.indent + student_copies.BEGIN, block.indent + student_copies.END]
-                lines += [marks[0], *block.lines, marks[1]] if markers else block.lines
+                lines += as_written(block) if markers else block.lines
+                at += len(stands_for)
             else:
-                lines.append(line)
+                lines.append(old[at])
+                at += 1
         assert not blocks, f"cell {i}: a marked line is missing"
         nb.cells[i].source = "\n".join(lines)
     return nb
@@ -152,14 +167,15 @@ def assert_exercises_say(cells: dict, made, mode: str) -> None:
     assert not failed, f"exercise cells that failed ({mode}): {failed}"
     for i, cell in cells.items():
         assert not [o for o in cell.outputs if o.get("name") == "stderr"], f"cell {i} ({mode})"
-    wanted, unwanted = (not_done_line, passed_line) if mode == "open" else (passed_line,
-                                                                           not_done_line)
     for exercise_id, checker_cells in made.checker_cells.items():
         assert checker_cells <= set(cells), f"{exercise_id}: a checker outside the exercises"
+        given = any(b.given for b in made.blocks if b.exercise_id == exercise_id)
+        said = functools.partial(not_done_line, as_given=given)  # code to fix, or a hole
+        want, unwant = (said, passed_line) if mode == "open" else (passed_line, said)
         for i in checker_cells:
             printed = stdout(cells[i]).split("\n")
-            assert wanted(exercise_id) in printed, f"cell {i} ({mode}): {printed}"
-            assert unwanted(exercise_id) not in printed, f"cell {i} ({mode}): {printed}"
+            assert want(exercise_id) in printed, f"cell {i} ({mode}): {printed}"
+            assert unwant(exercise_id) not in printed, f"cell {i} ({mode}): {printed}"
             if mode == "answered":  # theirs (here the course's own) beside ours
                 assert "Your code is the course's, line for line." in printed, printed
 

@@ -90,7 +90,13 @@ def passed_line(exercise_id: str) -> str:
     return f"Exercise {exercise_id}: correct."
 
 
-def not_done_line(exercise_id: str) -> str:
+AS_GIVEN = "the code as given"  # a NotImplementedError's message: the given code, untouched
+
+
+def not_done_line(exercise_id: str, as_given: bool = False) -> str:
+    if as_given:  # a student version: code to fix, not a line to replace
+        return (f"Exercise {exercise_id}: not done yet (this is the code as given: fix it "
+                "where its cell's text says, then run the cell again).")
     return (f"Exercise {exercise_id}: not done yet (replace the line that raises "
             "NotImplementedError with your code, then run the cell again).")
 
@@ -112,8 +118,8 @@ def exercise(exercise_id: str, nudge: str | None = None, pointer: str | None = N
         def run(*args, **kwargs) -> None:
             try:
                 checker(*args, **kwargs)
-            except NotImplementedError:
-                print(not_done_line(exercise_id))
+            except NotImplementedError as error:
+                print(not_done_line(exercise_id, as_given=str(error) == AS_GIVEN))
                 return
             except ExerciseError as error:
                 error.exercise_id = error.exercise_id or exercise_id

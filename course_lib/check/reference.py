@@ -13,6 +13,7 @@ library code it mirrors shows in full from then on (``lessons/show.py``).
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import json
 import os
@@ -20,7 +21,7 @@ import re
 from pathlib import Path
 
 from course_lib.check.exercise_cells import parse, top_level_owner, written_file
-from course_lib.check.student_copy import BEGIN, END, ROOT, make_student_copy
+from course_lib.check.student_copy import ROOT, make_student_copy, reference_lines
 from course_lib.lessons.show import code_block, display
 from course_lib.runtime.workspace import is_student_copy, unlock
 
@@ -82,18 +83,31 @@ def reference_answer(exercise_id: str) -> str | None:
     return None
 
 
+@functools.cache
+def given_file(name: str) -> str | None:
+    """``workspace/NAME`` as the student copy hands it out (after its ``%%writefile`` line),
+    when it hands out code to fix (a student version); None otherwise."""
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")):
+        nb = read_notebook(path)
+        made = make_student_copy(nb, path.name)
+        for block in made.blocks:
+            if block.given and written_file(nb.cells[block.cell].source) == f"workspace/{name}":
+                shift = len(made.notebook.cells) - len(nb.cells)  # the copy's note, if any
+                return made.notebook.cells[block.cell + shift].source.split("\n", 1)[1]
+    return None
+
+
 def _piece(source: str, begin: int) -> str:
     """The part of a cell that holds the block starting at line ``begin`` (0-based): the
     top-level function or class around it, or the whole file of a ``%%writefile`` cell."""
-    lines = [line for line in source.split("\n") if line.strip() not in (BEGIN, END)]
+    lines = reference_lines(source.split("\n"))
     if written_file(source):
         return "\n".join(lines[1:]).strip("\n")
     full = source.split("\n")
     owner = top_level_owner(parse(source, "a reference notebook"), begin + 2)
     first = min([owner.lineno, *(d.lineno for d in owner.decorator_list)])
     segment = "\n".join(full[first - 1: owner.end_lineno])
-    return "\n".join(line for line in segment.split("\n")
-                     if line.strip() not in (BEGIN, END)).strip("\n")
+    return "\n".join(reference_lines(segment.split("\n"))).strip("\n")
 
 
 def reveal(exercise_id) -> None:

@@ -13,6 +13,19 @@ A cell that starts with ``%%writefile workspace/NAME.py`` (a file the learner's 
 gets the same line; the file then raises when run, and its checker, a later call that names
 ``NAME.py``, reports "not done yet".
 
+Where the learner starts from given code rather than a blank (the capstone's buggy trainer), a
+student version follows the solution block at its indentation, each line commented out::
+
+    # BEGIN SOLUTION
+    return float(loss_sum / global_tokens)
+    # END SOLUTION
+    # BEGIN STUDENT VERSION
+    # return float(loss_sum / (accum_steps * world_size))
+    # END STUDENT VERSION
+
+The student copy then holds those lines, uncommented, in place of the whole: the code runs as
+given, and its checker says what is still wrong.
+
 A cell that shows library code an exercise mirrors, ``show(fn, exercise="N.M")``, loses its
 saved output: run in the copy, it shows the outline only until the exercise is passed.
 """
@@ -43,6 +56,8 @@ from course_lib.check.exercise_cells import (
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
+GIVEN_BEGIN, GIVEN_END = "# BEGIN STUDENT VERSION", "# END STUDENT VERSION"
+MARKERS = (BEGIN, END, GIVEN_BEGIN, GIVEN_END)
 NOTE = ("> **Your copy.** The exercises at the end are open. In each one, replace the line "
         '`raise NotImplementedError("Exercise N.M: replace this line with your code")` with '
         "your code (as many lines as you need, indented like it) and run the cell: its checker "
@@ -54,8 +69,8 @@ NOTE = ("> **Your copy.** The exercises at the end are open. In each one, replac
         "keeps this copy and your files in `workspace/`; `scripts/start.sh --student --reset` "
         "moves them to `previous/` and gives you fresh ones.")
 
-__all__ = ["BEGIN", "END", "NOTE", "Block", "MalformedNotebook", "StudentCopy",
-           "make_student_copy", "marked_line"]
+__all__ = ["BEGIN", "END", "GIVEN_BEGIN", "GIVEN_END", "NOTE", "Block", "MalformedNotebook",
+           "StudentCopy", "make_student_copy", "marked_line", "reference_lines"]
 
 
 def shows_an_answer(tree: ast.Module) -> bool:
@@ -85,9 +100,21 @@ class Block:
     lines: list[str]  # the solution code between the markers
     function: str = ""  # the function the block sits in ("" in a %%writefile cell)
     exercise_id: str = ""
+    given: list[str] | None = None  # the student version's lines, uncommented, if it has one
 
     def hole(self) -> list[str]:
-        return [self.indent + marked_line(self.exercise_id)]
+        return self.given or [self.indent + marked_line(self.exercise_id)]
+
+
+def reference_lines(lines: list[str]) -> list[str]:
+    """A reference cell's lines as they run: no markers, no commented student version."""
+    kept, inside = [], False
+    for line in lines:
+        text = line.strip()
+        inside = (inside or text == GIVEN_BEGIN) and text != GIVEN_END
+        if not inside and text not in MARKERS:
+            kept.append(line)
+    return kept
 
 
 @dataclass
@@ -104,13 +131,16 @@ class StudentCopy:
 
 def find_blocks(lines: list[str], cell: int, where: str) -> list[Block]:
     """Pair the markers of one cell; every way they can be misplaced is an error."""
-    blocks, open_at = [], None
+    blocks, open_at, given_until = [], None, -1
     for i, line in enumerate(lines):
         text = line.strip()
-        if "BEGIN SOLUTION" in text or "END SOLUTION" in text:
-            if text not in (BEGIN, END):
-                raise MalformedNotebook(f"{where}, line {i + 1}: write the marker exactly as "
-                                        f"'{BEGIN}' or '{END}', not {text!r}")
+        if i <= given_until:
+            continue  # the student version of the block before: read with it
+        if any(word in text for word in ("BEGIN SOLUTION", "END SOLUTION", "STUDENT VERSION")) \
+                and text not in (BEGIN, END):
+            raise MalformedNotebook(f"{where}, line {i + 1}: write the marker exactly as "
+                                    f"'{BEGIN}' or '{END}' (a student version right after "
+                                    f"the block), not {text!r}")
         if text == BEGIN:
             if open_at is not None:
                 raise MalformedNotebook(f"{where}, line {i + 1}: '{BEGIN}' again before "
@@ -120,6 +150,7 @@ def find_blocks(lines: list[str], cell: int, where: str) -> list[Block]:
             if open_at is None:
                 raise MalformedNotebook(f"{where}, line {i + 1}: '{END}' without '{BEGIN}'")
             blocks.append(make_block(lines, cell, open_at, i, where))
+            given_until = add_student_version(blocks[-1], lines, where)
             open_at = None
     if open_at is not None:
         raise MalformedNotebook(f"{where}, line {open_at + 1}: '{BEGIN}' without '{END}'")
@@ -143,6 +174,34 @@ def make_block(lines: list[str], cell: int, begin: int, end: int, where: str) ->
         raise MalformedNotebook(f"{where}, line {begin + 1}: the solution block holds only "
                                 "comments")
     return Block(cell, begin, end, indent, body)
+
+
+def add_student_version(block: Block, lines: list[str], where: str) -> int:
+    """Read the student version right after ``block``'s end marker, if there is one: the block
+    then spans it too. Returns the index of its last line (the end marker's if none)."""
+    at = block.end + 1
+    if at >= len(lines) or lines[at].strip() != GIVEN_BEGIN:
+        return block.end
+    if lines[at] != block.indent + GIVEN_BEGIN:
+        raise MalformedNotebook(f"{where}, line {at + 1}: indent '{GIVEN_BEGIN}' like its "
+                                f"'{BEGIN}'")
+    close = next((j for j in range(at + 1, len(lines)) if lines[j].strip() == GIVEN_END), None)
+    if close is None or lines[close] != block.indent + GIVEN_END:
+        raise MalformedNotebook(f"{where}, line {at + 1}: '{GIVEN_BEGIN}' without a "
+                                f"'{GIVEN_END}' indented like it")
+    given = []
+    for j in range(at + 1, close):
+        line = lines[j]
+        if line.strip() and not (line.startswith(block.indent + "# ")
+                                 or line == block.indent + "#"):
+            raise MalformedNotebook(f"{where}, line {j + 1}: a student version's lines are "
+                                    f"commented out, '{block.indent}# ' then the code")
+        code = line[len(block.indent) + 2:]  # "    # y = 3" -> "y = 3"; a bare "#" -> ""
+        given.append(block.indent + code if code else "")
+    if not any(line.strip() for line in given):
+        raise MalformedNotebook(f"{where}, line {at + 1}: an empty student version")
+    block.given, block.end = given, close
+    return close
 
 
 def first_code_line(block: Block) -> int:
