@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The course on a GPU machine: the training entry point on NCCL (one process per GPU), notebook
-# 08's overlap against torch DDP (2 GPUs or more), Gloo's collectives on CUDA tensors with 2-4
-# ranks sharing one GPU, NCCL's refusal of more ranks than GPUs, ZeRO-3 against torch's
-# fully_shard, and the memory benchmark with torch.cuda.max_memory_allocated. Prints the
-# figures the README records.
+# 08's overlap against torch DDP (2 GPUs or more), the file exercises' reference answers on one
+# GPU, Gloo's collectives on CUDA tensors with 2-4 ranks sharing one GPU, NCCL's refusal of more
+# ranks than GPUs, ZeRO-3 against torch's fully_shard, and the memory benchmark with
+# torch.cuda.max_memory_allocated. Prints the figures the README records.
 #   scripts/gpu_check.sh [OUT_DIR]       (default OUT_DIR: .bench/gpu)
 # Uses the machine's own python3 and torch (PYTHON=... to choose), so it also runs where
 # scripts/env.sh cannot install (a cluster node without internet).
@@ -90,6 +90,21 @@ for label in ("bucketed", "overlap"):
     assert rows[label]["replicas_bitwise_equal"], label
 PY
 fi
+
+echo "== the file exercises' reference answers under torchrun: one process on GPU 0 (NCCL)"
+ref="$OUT/reference"
+"$PY" scripts/reference_files.py "$ref/workspace" >/dev/null
+for file in "$ref"/workspace/*.py; do
+  name="$(basename "$file")"
+  if (cd "$ref" && CUDA_VISIBLE_DEVICES=0 timeout 300 "$PY" -m torch.distributed.run --standalone \
+        --nproc-per-node 1 "workspace/$name" > "$ref/$name.log" 2>&1); then
+    echo "[gpu] $name on 1 process: ran, last line: $(tail -n 1 "$ref/$name.log")"
+  else
+    echo "[gpu] $name on 1 process: FAILED, see $ref/$name.log:"; tail -n 5 "$ref/$name.log"
+    failed=1
+  fi
+done
+[ "${failed:-0}" = 0 ] || { echo "error: a reference answer failed on the GPU" >&2; exit 1; }
 
 echo "== Gloo on CUDA tensors: 2, 3 and 4 ranks sharing GPU 0, each collective against the CPU"
 for n in 2 3 4; do
