@@ -75,15 +75,15 @@ def between(text: str, first: str, last: str) -> str:
 
 EVEN_ODD = """\
     if rank % 2 == 0:  # even ranks send first...
-        dist.send(token, dst=right, group=group)
-        dist.recv(incoming, src=left, group=group)
+        dist.send(token, group=group, group_dst=right)
+        dist.recv(incoming, group=group, group_src=left)
     else:  # ...odd ranks receive first, so every send finds a recv waiting for it
-        dist.recv(incoming, src=left, group=group)
-        dist.send(token, dst=right, group=group)
+        dist.recv(incoming, group=group, group_src=left)
+        dist.send(token, group=group, group_dst=right)
 """
 START_AND_WAIT = """\
-    sending = dist.isend(token, dst=(rank + 1) % n, group=group)
-    receiving = dist.irecv(incoming, src=(rank - 1) % n, group=group)
+    sending = dist.isend(token, group=group, group_dst=(rank + 1) % n)
+    receiving = dist.irecv(incoming, group=group, group_src=(rank - 1) % n)
     sending.wait()  # the token may be changed again only once it is sent
     receiving.wait()  # incoming holds the left neighbour's token only after this
 """
@@ -100,16 +100,16 @@ TOKEN_RING = Exercise(nb05.token_ring, "token_ring.py", right={
         ("else:  # ...odd ranks receive first, so every send finds a recv waiting for it",
          "else:  # every other rank receives its left's token, then sends its own")])}, wrong={
     "every rank sends first": Wrong([(EVEN_ODD, """\
-    dist.send(token, dst=right, group=group)
-    dist.recv(incoming, src=left, group=group)
+    dist.send(token, group=group, group_dst=right)
+    dist.recv(incoming, group=group, group_src=left)
 """)], ("rank 0 is blocked in send to rank 1 (line {line:dist.send(}), rank 1 in send to rank 0 "
         "(line {line:dist.send(})", "every rank sends before any receives",
         "a cycle of waits that no rank can leave"),
         never=("even rank", "odd rank", "% 2", "receive first", "recv first")),
     "odd ranks never send": Wrong([(
-        "        dist.recv(incoming, src=left, group=group)\n"
-        "        dist.send(token, dst=right, group=group)\n",
-        "        dist.recv(incoming, src=left, group=group)\n")],
+        "        dist.recv(incoming, group=group, group_src=left)\n"
+        "        dist.send(token, group=group, group_dst=right)\n",
+        "        dist.recv(incoming, group=group, group_src=left)\n")],
         "rank 0 is blocked in recv from rank 1 (line {line:dist.recv(incoming}): rank 0 receives "
         "from rank 1, but rank 1 never posted the matching send"),
     "the token goes left": Wrong([("right, left = (rank + 1) % n, (rank - 1) % n",
@@ -121,10 +121,10 @@ TOKEN_RING = Exercise(nb05.token_ring, "token_ring.py", right={
     "receives into the token it sends": Wrong([
         ("    incoming = torch.empty_like(token)  # same shape and dtype as what the left "
          "sends\n", ""),
-        ("dist.send(token, dst=right, group=group)\n        dist.recv(incoming",
-         "dist.send(token, dst=right, group=group)\n        dist.recv(token"),
-        ("dist.recv(incoming, src=left, group=group)\n        dist.send",
-         "dist.recv(token, src=left, group=group)\n        dist.send"),
+        ("dist.send(token, group=group, group_dst=right)\n        dist.recv(incoming",
+         "dist.send(token, group=group, group_dst=right)\n        dist.recv(token"),
+        ("dist.recv(incoming, group=group, group_src=left)\n        dist.send",
+         "dist.recv(token, group=group, group_src=left)\n        dist.send"),
         ("    return incoming\n", "    return token\n")],
         "on rank 1 pass_token received rank 0's token into the token it was given, the one it "
         "sends: the caller's own token is overwritten", shared=True,
@@ -135,9 +135,15 @@ TOKEN_RING = Exercise(nb05.token_ring, "token_ring.py", right={
     "rank and size of the whole world": Wrong([
         ("rank, n = dist.get_rank(group), dist.get_world_size(group)",
          "rank, n = dist.get_rank(), dist.get_world_size()")],
-        "rank 0, workspace/token_ring.py line {line:send(} in pass_token:\n    dist.send(token, "
-        "dst=right, group=group)\nPeerOutsideGroup: rank 0 called send to rank 1, which is not "
-        "in the group passed to the function (ranks [0])"),
+        ("rank 0, workspace/token_ring.py line {line:send(} in pass_token:\n    dist.send(token, "
+         "group=group, group_dst=right)\nPeerOutsideGroup: rank 0 called send to the group's "
+         "rank 1, but the group passed to the function has 1 rank (ranks [0])",
+         "dist.get_rank(group) and dist.get_world_size(group)")),
+    "neighbours named by their global ranks": Wrong([(EVEN_ODD, EVEN_ODD.replace(
+        "group=group, group_dst=right", "dst=right, group=group").replace(
+        "group=group, group_src=left", "src=left, group=group"))],
+        ("rank 1 called send with dst=1 (itself): dst= is a rank of the whole world",
+         "a group of ranks [1, 2], the group's ranks [0, 1]", "group_dst="), 3),
     "neighbours looked up in a list": Wrong([
         ("right, left = (rank + 1) % n, (rank - 1) % n",
          "ranks = list(range(n))\n    right, left = ranks[rank + 1], ranks[rank - 1]")],
@@ -163,29 +169,34 @@ TOKEN_RING = Exercise(nb05.token_ring, "token_ring.py", right={
 TOKEN_RING_ASYNC = Exercise(nb05.token_ring_async, "token_ring_async.py", right={
     "batch_isend_irecv": Right(2, [(START_AND_WAIT, """\
     works = dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, token, (rank + 1) % n, group=group),
-        dist.P2POp(dist.irecv, incoming, (rank - 1) % n, group=group),
+        dist.P2POp(dist.isend, token, group=group, group_peer=(rank + 1) % n),
+        dist.P2POp(dist.irecv, incoming, group=group, group_peer=(rank - 1) % n),
     ])
     for work in works:
         work.wait()
 """)])}, wrong={
     "no wait": Wrong([(START_AND_WAIT, """\
-    dist.isend(token, dst=(rank + 1) % n, group=group)
-    dist.irecv(incoming, src=(rank - 1) % n, group=group)
+    dist.isend(token, group=group, group_dst=(rank + 1) % n)
+    dist.irecv(incoming, group=group, group_src=(rank - 1) % n)
 """)], "returned without waiting for its isend to rank 1", shared=True),
     "waits on the isend before starting the irecv": Wrong([(START_AND_WAIT, """\
-    dist.isend(token, dst=(rank + 1) % n, group=group).wait()
-    dist.irecv(incoming, src=(rank - 1) % n, group=group).wait()
+    dist.isend(token, group=group, group_dst=(rank + 1) % n).wait()
+    dist.irecv(incoming, group=group, group_src=(rank - 1) % n).wait()
 """)], ("rank 0 is blocked waiting for its isend to rank 1 (line {line:isend(}), rank 1 waiting "
         "for its isend to rank 0 (line {line:isend(})",
         "Waiting on an isend's handle blocks like a send")),
+    "neighbours named by their global ranks": Wrong([(START_AND_WAIT, START_AND_WAIT.replace(
+        "group=group, group_dst=(rank + 1) % n", "dst=(rank + 1) % n, group=group").replace(
+        "group=group, group_src=(rank - 1) % n", "src=(rank - 1) % n, group=group"))],
+        ("rank 1 called isend with dst=1 (itself): dst= is a rank of the whole world",
+         "group_dst="), 3),
     "no case for one process": Wrong([("    if n == 1:\n        return token.clone()\n", "")],
                                      ("rank 0, workspace/token_ring_async.py line "
                                       "{line:dist.isend(} in pass_token_async:",
                                       "Pair is not connected", ALONE), 1, never=("clone",)),
     "blocking send and recv": Wrong([(START_AND_WAIT, """\
-    dist.send(token, dst=(rank + 1) % n, group=group) if rank % 2 == 0 else None
-    dist.recv(incoming, src=(rank - 1) % n, group=group)
+    dist.send(token, group=group, group_dst=(rank + 1) % n) if rank % 2 == 0 else None
+    dist.recv(incoming, group=group, group_src=(rank - 1) % n)
 """)], "uses dist.send (line {line:dist.send(}): in exercise 5.4 every message is started with "
        "dist.isend or dist.irecv", None)}, library={
     "every token gathered": Wrong([(START_AND_WAIT, GATHERED),
@@ -196,8 +207,8 @@ TOKEN_RING_ASYNC = Exercise(nb05.token_ring_async, "token_ring_async.py", right=
 
 RING = reference("my_ring.py")
 EXCHANGE = """\
-        sending = dist.isend(send_chunk, dst=right, group=group)
-        receiving = dist.irecv(recv_into, src=left, group=group)
+        sending = dist.isend(send_chunk, group=group, group_dst=right)
+        receiving = dist.irecv(recv_into, group=group, group_src=left)
         sending.wait()
         receiving.wait()
 """
@@ -213,8 +224,8 @@ MY_RING = Exercise(nb06.my_ring, "my_ring.py", right={
     chunks = torch.split(flat, sizes)
 """)]),
     "batch_isend_irecv": Right(3, [(EXCHANGE, """\
-        messages = [dist.P2POp(dist.isend, send_chunk, right, group),
-                    dist.P2POp(dist.irecv, recv_into, left, group)]
+        messages = [dist.P2POp(dist.isend, send_chunk, group=group, group_peer=right),
+                    dist.P2POp(dist.irecv, recv_into, group=group, group_peer=left)]
         for handle in dist.batch_isend_irecv(messages):
             handle.wait()
 """)]),
@@ -261,15 +272,20 @@ MY_RING = Exercise(nb06.my_ring, "my_ring.py", right={
                           "torch.chunk can return fewer than N chunks"),
                          never=("tensor_split",)),
     "blocking sends first": Wrong([(EXCHANGE, """\
-        dist.send(send_chunk, dst=right, group=group)
-        dist.recv(recv_into, src=left, group=group)
+        dist.send(send_chunk, group=group, group_dst=right)
+        dist.recv(recv_into, group=group, group_src=left)
 """)], ("rank 0 is blocked in send to rank 1 (line {line:dist.send(}), rank 1 in send to rank 0 "
         "(line {line:dist.send(})", "each rank's receive must already be under way")),
-    "receives from the right": Wrong([("src=left", "src=right")], (
+    "receives from the right": Wrong([("group_src=left", "group_src=right")], (
         "rank 0 is blocked waiting for its isend to rank 1 (line {line:sending.wait()}), rank 1 "
         "waiting for its isend to rank 2 (line {line:sending.wait()})",
         "rank 0 sends to rank 1, which receives from rank 2"), 3,
         never=("every rank sends before any receives",)),
+    "neighbours named by their global ranks": Wrong([(EXCHANGE, EXCHANGE.replace(
+        "group=group, group_dst=right", "dst=right, group=group").replace(
+        "group=group, group_src=left", "src=left, group=group"))],
+        ("rank 1 called isend with dst=1 (itself): dst= is a rank of the whole world",
+         "group_dst="), 3),
     "a float32 buffer": Wrong([("torch.empty_like(mine)", "torch.empty(mine.shape)")],
                               ("was ended by Gloo", "float64",
                                "or the buffer has another dtype than the tensor"))}, library={
@@ -287,7 +303,7 @@ MY_RING = Exercise(nb06.my_ring, "my_ring.py", right={
 
 BROADCAST = """    with torch.no_grad():
         for p in model.parameters():
-            dist.broadcast(p, src=0, group=group)  # rank 0 sends, the others receive
+            dist.broadcast(p, group=group, group_src=0)  # the group's rank 0 sends
 """
 SYNC = """    for p in model.parameters():  # after the last micro-batch only: one sync per step
         ring_all_reduce(p.grad, group)  # the sum over the ranks
@@ -307,7 +323,7 @@ MY_DP_STEP = Exercise(nb07.my_dp_step, "my_dp_step.py", right={
     "one flat broadcast, the gradient divided once": Right(2, [
         (BROADCAST, """\
     flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
-    dist.broadcast(flat, src=0, group=group)  # one message for every parameter
+    dist.broadcast(flat, group=group, group_src=0)  # one message for every parameter
     torch.nn.utils.vector_to_parameters(flat, model.parameters())
 """),
         (SCALED_LOSS, "loss = loss_fn(model, batch)  # divided once, after the ring"),
@@ -328,9 +344,9 @@ MY_DP_STEP = Exercise(nb07.my_dp_step, "my_dp_step.py", right={
                           "still has its own starting weights: here every rank builds its model",
                           shared=True),
     "every parameter broadcast twice": Wrong([(
-        "            dist.broadcast(p, src=0, group=group)  # rank 0 sends, the others receive\n",
+        "            dist.broadcast(p, group=group, group_src=0)  # the group's rank 0 sends\n",
         "            for _ in range(2):  # to be sure\n"
-        "                dist.broadcast(p, src=0, group=group)\n")],
+        "                dist.broadcast(p, group=group, group_src=0)\n")],
         "broadcast_parameters broadcast 52 values on rank 0 for a model of 26: each parameter "
         "once", shared=True),
     "rank 0 skips the broadcast": Wrong([(BROADCAST, "    if dist.get_rank(group) == 0:\n"
@@ -340,6 +356,11 @@ MY_DP_STEP = Exercise(nb07.my_dp_step, "my_dp_step.py", right={
                                          "for rank 0, which never called it",),
                                         never=("did not pair up",
                                                "ring_all_reduce on the same gradients")),
+    "the world's rank 0 as the source": Wrong([("group=group, group_src=0)",
+                                                "src=0, group=group)")],
+                                              ("rank 1 called broadcast with src=0 (not in the "
+                                               "group): src= is a rank of the whole world",
+                                               "group_src="), 3),
     "the gradients never zeroed": Wrong([("    optimizer.zero_grad()\n", "")],
                                         "step 2 used the gradients of step 1 as well",
                                         shared=True)}, library={

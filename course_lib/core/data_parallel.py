@@ -41,10 +41,10 @@ SAME_MODEL = ("Every rank must wrap the same model: the same parameters and buff
 
 def broadcast_parameters(module: nn.Module, group: dist.ProcessGroup | None = None,
                          src: int = 0) -> None:
-    """Give every rank the parameters and buffers of rank ``src``."""
+    """Give every rank the parameters and buffers of rank ``src`` of ``group``."""
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor, src=src, group=group)  # overwritten in place
+            dist.broadcast(tensor, group=group, group_src=src)  # overwritten in place
 
 
 def mark_unused(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> list[bool]:

@@ -68,9 +68,9 @@ def run_collective(name: str, w: Worker) -> list[float] | None:
     """Run one collective on this rank's start values; return what this rank holds after."""
     mine = torch.tensor(start_of(name, w.rank, w.world_size), device=w.device)
     if name == "broadcast":
-        dist.broadcast(mine, src=ROOT, group=w.group)  # in place: overwritten off the root
+        dist.broadcast(mine, group=w.group, group_src=ROOT)  # in place: overwritten off the root
     elif name == "reduce":
-        dist.reduce(mine, dst=ROOT, op=dist.ReduceOp.SUM, group=w.group)
+        dist.reduce(mine, op=dist.ReduceOp.SUM, group=w.group, group_dst=ROOT)
         if w.rank != ROOT:
             return None  # what a non-root buffer holds now is not specified
     elif name == "all_reduce":
@@ -108,18 +108,20 @@ def point_to_point(w: Worker) -> dict:
     """Rank 0 sends a tensor to rank 1 (blocking); then each rank passes a number right."""
     sent = torch.tensor([1.0, 2.0, 3.0], device=w.device)
     received = None
+    # group_dst, group_src: a rank's number in w.group (dst=, src= number the whole world)
     if w.rank == 0:
-        dist.send(sent, dst=1, group=w.group)  # with Gloo, waits until rank 1 receives it
+        dist.send(sent, group=w.group, group_dst=1)  # with Gloo, waits until rank 1 has it
     elif w.rank == 1:
         buffer = torch.zeros(3, device=w.device)
-        dist.recv(buffer, src=0, group=w.group)  # waits until rank 0's message is here
+        dist.recv(buffer, group=w.group, group_src=0)  # waits until rank 0's message is here
         received = buffer.cpu().tolist()
     right, left = (w.rank + 1) % w.world_size, (w.rank - 1) % w.world_size
     token = torch.tensor([float(w.rank)], device=w.device)
     incoming = torch.zeros(1, device=w.device)
     # both at once: if every rank first sent, then received, blocking calls could deadlock
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, token, right, group=w.group),
-                                    dist.P2POp(dist.irecv, incoming, left, group=w.group)])
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, token, group=w.group, group_peer=right),
+        dist.P2POp(dist.irecv, incoming, group=w.group, group_peer=left)])
     for work in works:
         work.wait()
     facts = (received, incoming.item())

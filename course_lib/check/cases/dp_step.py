@@ -6,7 +6,8 @@ to train), calls ``broadcast_parameters``, then takes a few optimizer steps: pla
 squared error, rank r's K micro-batches cut from the step's global batch as notebook 07 cuts
 them (rank r owns block r). While a step runs, the learner's module-level ``ring_all_reduce``
 is wrapped: every call notes how many micro-batch losses were computed so far and how many
-numbers it reduced.
+numbers it reduced. On 3 and 4 processes a case runs on a group of ranks [1, 2] or [1, 3],
+whose rank 0 (the source of the broadcast) is not the world's.
 
 Kernel side: the judge compares rank 0's parameters with one process taking the same steps on
 the whole batch (``reference_parameters``, from the same seeds) and names a known mistake (a
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course_lib.check.answers import close
+from course_lib.check.cases import members, subgroup
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import Tracer
@@ -31,7 +33,12 @@ CASES = (("1 micro-batch per step (K = 1)", 1), ("3 micro-batches per step (K = 
 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
-    return [{"name": name, "accum_steps": k, "seed": i} for i, (name, k) in enumerate(CASES)]
+    specs = [{"name": name, "accum_steps": k} for name, k in CASES]
+    if world_size >= 3:
+        ranks = subgroup(world_size)
+        specs.append({"name": f"K = 2, in a group of ranks {ranks}", "accum_steps": 2,
+                      "members": ranks})
+    return [{**spec, "seed": i} for i, spec in enumerate(specs)]
 
 
 def make_model(seed: int) -> nn.Module:
@@ -115,7 +122,7 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
     model = make_model(100 * spec["seed"] + rank)  # every rank starts from other weights
     mine, rank0 = tensors(model), tensors(make_model(100 * spec["seed"]))
     steps = []
-    with tracer.watching(spec["name"], range(n)) as log:
+    with tracer.watching(spec["name"], members(spec)) as log:
         learner.broadcast_parameters(model, group)
         broadcast = sum(k for call, _, k in log.handed if call == "broadcast")
         after_broadcast = tensors(model)

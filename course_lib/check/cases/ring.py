@@ -4,10 +4,10 @@ file, in place, the SUM, from point-to-point messages, on 2, 3 and 4 processes.
 Rank side: each case gives every rank its own tensor and calls the learner's function on it;
 ``dist.all_reduce`` of the same inputs (run first, outside the tracer) is the answer. Inputs are
 whole numbers from 1 to 99, so every sum is exact in any order and a wrong answer can be
-matched exactly against what a known mistake would produce (``ring_mistakes``). On 2 processes
-a last case passes a group of rank 0 alone; the other cases pass ``group=None``. (Notebook 06's
-answer names peers with ``dst=``/``src=``, global ranks, which are the group's own only in a
-group that starts at rank 0.)
+matched exactly against what a known mistake would produce (``ring_mistakes``). The other cases
+pass ``group=None``; a last one passes a group: of rank 0 alone on 2 processes, of ranks [1, 2]
+or [1, 3] on 3 and 4, where a peer named by its global rank (``dst=``, not ``group_dst=``) is
+not the one meant.
 
 Kernel side: the judge refuses a collective or an open handle, compares the caller's tensor
 with the sum (naming a known mistake from its numbers), and checks the bytes each rank sent:
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course_lib.check.cases import members, passed, ring_mistakes, ring_share
+from course_lib.check.cases import members, passed, ring_mistakes, ring_share, subgroup
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import Tracer
@@ -41,9 +41,11 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
     ]
     specs = [{"name": name, "shape": shape, "dtype": dtype, "transposed": transposed,
               "seed": i} for i, (name, shape, dtype, transposed) in enumerate(specs)]
-    if n == 2:
-        specs.append({"name": "5 float32 numbers, in a group of 1 process", "shape": [5],
-                      "dtype": "float32", "transposed": False, "seed": 9, "members": [0]})
+    if n >= 2:
+        ranks = [0] if n == 2 else subgroup(n)
+        group = "1 process" if n == 2 else f"ranks {ranks}"
+        specs.append({"name": f"5 float32 numbers, in a group of {group}", "shape": [5],
+                      "dtype": "float32", "transposed": False, "seed": 9, "members": ranks})
     return specs
 
 

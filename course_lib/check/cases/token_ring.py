@@ -5,9 +5,9 @@ Rank side: every rank passes its own token to the right; each case uses another 
 dtype. Tokens are whole numbers, different on every rank (rank r's lie in 100 r + 1 .. 100 r +
 99), so that the judge can tell whose token a rank got back and, when the function wrote into
 the token it was given, whose token it holds now. On 2 processes a last case gives the function
-a group of rank 0 alone. (Notebook 05's answer names peers with ``dst=``/``src=``, global ranks,
-which are the group's own only in a group that starts at rank 0.)
-``options["function"]`` names the function.
+a group of rank 0 alone, on 3 and 4 a group of ranks [1, 2] or [1, 3], where a peer named by its
+global rank (``dst=``, not ``group_dst=``) is not the one meant. ``options["function"]`` names
+the function.
 
 Kernel side: the judge reads what every rank called, returned and left in its token.
 """
@@ -19,7 +19,7 @@ import functools
 import torch
 import torch.distributed as dist
 
-from course_lib.check.cases import members
+from course_lib.check.cases import members, subgroup
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import COLLECTIVES, Tracer
@@ -40,6 +40,10 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
     if world_size == 2:
         name, shape, dtype = ONE_PROCESS
         specs.append({"name": name, "shape": shape, "dtype": dtype, "seed": 9, "members": [0]})
+    elif world_size >= 3:
+        ranks = subgroup(world_size)
+        specs.append({"name": f"a float64 token of 4 numbers, in a group of ranks {ranks}",
+                      "shape": [4], "dtype": "float64", "seed": 8, "members": ranks})
     return specs
 
 

@@ -14,8 +14,9 @@ with wrappers. While a case runs (``with tracer.watching(case, members) as log``
 - count the bytes and messages this rank sends, note every collective and library call (with
   the dtype and size of the tensor it was handed), and hand out ``isend``/``irecv`` handles
   that remember whether they were waited on;
-- refuse a peer outside the group the case passed, and a collective on the whole world when
-  the case passed a smaller group (a clear error, not a hang).
+- refuse a peer outside the group the case passed, a peer or a root named by its rank in
+  the whole world (dst=, src=) in a group numbered otherwise, and a collective on the whole
+  world when the case passed a smaller group (a clear error, not a hang).
 
 Outside ``watching`` (the checker's own calls) the wrappers only pass the call on. A thread
 (``watch.py``) writes the learner's current line to ``where{R}.json`` and ends the ranks when
@@ -277,33 +278,58 @@ class Tracer:
 
     def _check_group(self, original, args, kwargs) -> None:
         """A collective on the whole world while the case passed a smaller group would wait
-        for ranks that sit the case out: say so at once."""
+        for ranks that sit the case out, and a root named by its global rank (src=, dst=)
+        may not be in the group: say so at once."""
         world = dist.get_world_size()
         if self.members is None or len(self.members) == world:
             return
         try:
-            group = self._bound(original, args, kwargs).get("group")
+            bound = self._bound(original, args, kwargs)
         except TypeError:
             return  # torch reports a wrong call itself
+        group = bound.get("group")
         if group is None or group == dist.group.WORLD:
             raise PeerOutsideGroup(
                 f"rank {self.rank} called {original.__name__} on the whole world, ranks "
                 f"0..{world - 1}, but this case gave your function a group of ranks "
                 f"{list(self.members)}: pass that group to "
                 f"{self.learner_call(original.__name__)} (group=...)")
+        for word in ("src", "dst"):  # the root of a broadcast, a reduce, ...
+            if bound.get(word) is not None and bound[word] not in self.members:
+                raise self._named_globally(original.__name__, word, bound[word])
 
     def _peer(self, name: str, original, args, kwargs):
-        """(tensor, global peer rank or None) of a point-to-point call."""
+        """(tensor, global peer rank or None, the keyword that named it) of a point-to-point
+        call: dst=/src= name a rank of the whole world, group_dst=/group_src= one of the
+        group."""
         bound = self._bound(original, args, kwargs)
-        local = bound.get("group_dst" if "send" in name else "group_src")
-        peer = bound.get("dst" if "send" in name else "src")
-        if peer is None and local is not None:
-            group = bound.get("group")
-            peer = dist.get_global_rank(dist.group.WORLD if group is None else group, local)
-        return bound.get("tensor"), peer
+        word = "dst" if "send" in name else "src"
+        if bound.get(word) is not None:
+            return bound.get("tensor"), bound[word], word
+        local = bound.get("group_" + word)
+        if local is None:
+            return bound.get("tensor"), None, None
+        group = dist.group.WORLD if bound.get("group") is None else bound["group"]
+        size = dist.get_world_size(group)
+        if self.members is not None and not 0 <= local < size:
+            raise PeerOutsideGroup(
+                f"rank {self.rank} called {name} {'to' if word == 'dst' else 'from'} the "
+                f"group's rank {local}, but the group passed to the function has {size} "
+                f"rank{'s' if size > 1 else ''} (ranks {list(self.members)}): take the rank "
+                "and the size from that group, dist.get_rank(group) and "
+                "dist.get_world_size(group)")
+        return bound.get("tensor"), dist.get_global_rank(group, local), "group_" + word
 
-    def _check_peer(self, name: str, peer) -> None:
-        if peer is None or self.members is None or peer in self.members:
+    def _check_peer(self, name: str, peer, word=None) -> None:
+        """``peer``: the global rank a call names, by the keyword ``word`` ("dst", "src",
+        "peer" for a P2POp's, "group_dst", ...)."""
+        if peer is None or self.members is None:
+            return
+        numbered_apart = self.members != list(range(len(self.members)))
+        if word in ("dst", "src", "peer") and numbered_apart and (
+                peer not in self.members or peer == self.rank):
+            raise self._named_globally(name, word, peer)
+        if peer in self.members:
             return
         way = "to" if "send" in name else "from"
         if self.inside or not self.called_by_learner():
@@ -317,6 +343,16 @@ class Tracer:
             f"passed to the function (ranks {list(self.members)}): take the rank and the size "
             "from that group, dist.get_rank(group) and dist.get_world_size(group)")
 
+    def _named_globally(self, name: str, word: str, peer: int) -> PeerOutsideGroup:
+        """A peer or a root named by its rank in the whole world (``word``: dst, src or a
+        P2POp's peer) in a group whose own numbers are not those."""
+        what = "itself" if peer == self.rank else "not in the group"
+        return PeerOutsideGroup(
+            f"rank {self.rank} called {name} with {word}={peer} ({what}): {word}= is a rank "
+            "of the whole world, and this case gave your function a group of ranks "
+            f"{list(self.members)}, the group's ranks {list(range(len(self.members)))}: name "
+            f"a rank of the group with group_{word}=")
+
     def _count(self, name: str, tensor) -> None:
         self.log.calls.add(name)
         if "send" in name and tensor is not None and tensor.numel() > 0:
@@ -327,8 +363,8 @@ class Tracer:
         def handler(original, *args, **kwargs):
             if self.log is None:
                 return original(*args, **kwargs)
-            tensor, peer = self._peer(name, original, args, kwargs)
-            self._check_peer(name, peer)
+            tensor, peer, word = self._peer(name, original, args, kwargs)
+            self._check_peer(name, peer, word)
             self._count(name, tensor)
             line = self.learner_line()
             if name in ("isend", "irecv"):
@@ -348,7 +384,8 @@ class Tracer:
         for op in ops:
             op.op = _original(op.op)  # torch tells isend from irecv by identity
             name = "isend" if op.op is _original(dist.isend) else "irecv"
-            self._check_peer(name, op.peer)
+            global_peer = op.group != dist.group.WORLD  # a P2POp keeps the peer's global rank
+            self._check_peer(name, op.peer, "peer" if global_peer else None)
             self._count(name, op.tensor)
             kinds.append((name, op.peer))
         self.log.calls.add("batch")

@@ -25,6 +25,8 @@ SHAPE_ERRORS = ("must match the size of tensor", "shape mismatch", "size mismatc
                 "must match the existing size", "expanded size")
 SHAPES = ("A tensor of another size than the line expects: compare the shapes your function is "
           "handed (its docstring says them) with those this line makes.")
+GLOBAL_RANK = ("dst=, src= and a P2POp's peer are ranks of the whole world: in a group, name a "
+               "rank by its number in the group, with group_dst=, group_src= or group_peer=.")
 
 
 def is_shape_error(message: str) -> bool:
@@ -75,6 +77,8 @@ def learner_error_message(run: Run, learner: LearnerFile, explain=None) -> str |
     extra = (explain(e, _text(learner.path)) or "") if explain else ""
     if not extra and is_shape_error(e["message"]):
         extra = SHAPES
+    if not extra and e["message"].startswith("Global rank"):  # "... is not part of group"
+        extra = GLOBAL_RANK
     if not e.get("case") and not extra:  # raised while the file was imported
         extra = ("The checker imports the file, which runs its top-level code: keep code that "
                  "tries the functions out under `if __name__ == \"__main__\":`.")
