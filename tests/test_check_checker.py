@@ -1,41 +1,14 @@
 """The checkers' shared mechanism: short reports, type helpers, second hints, missing names."""
 
-import re
-from pathlib import Path
-
 import pytest
 import torch
+from check_reports import ANSI, rendered, report_of
 from notebook_kernel import errors, fresh_kernel, stdout
 
 import course_lib.check.nb03 as nb03
 from course_lib import check
 from course_lib.check import answers, checker, report
 from course_lib.check.checker import LADDERS, ExerciseError, Ladder, LearnerCodeError, exercise
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-CHECKER_FILES = [nb03.__file__, checker.__file__, report.__file__, answers.__file__]
-
-
-def rendered(error: BaseException) -> list[str]:
-    """The lines IPython would show for ``error``, colours removed."""
-    return [ANSI.sub("", line) for line in error._render_traceback_()]
-
-
-def checker_lines() -> set[str]:
-    """Every line of code of the checkers' files (stripped), to be kept out of reports."""
-    return {line.strip() for path in CHECKER_FILES for line in Path(path).read_text().split("\n")
-            if len(line.strip()) > 12 and not line.strip().startswith(("#", '"'))}
-
-
-def report_of(checker, answer) -> list[str]:
-    with pytest.raises(ExerciseError) as caught:
-        checker(answer)
-    lines = rendered(caught.value)
-    assert 1 < len(lines) <= report.MAX_LINES
-    shown = "\n".join(lines)
-    leaked = [line for line in checker_lines() if line in shown]
-    assert not leaked, f"checker code in the report: {leaked}"
-    return lines
 
 
 def test_a_wrong_answer_shows_its_hint_and_no_checker_code():

@@ -5,7 +5,7 @@ a launch reports (the launches themselves: test_check_file_exercises.py)."""
 import re
 
 import pytest
-from check_reports import assert_not_done, shown_report, standard_tests
+from check_reports import shown_report, standard_tests
 
 from course_lib.check import nb07
 from course_lib.check.cases import dp_step
@@ -24,12 +24,6 @@ def reference_rows(global_size, rank, k, world_size, accum_steps):
     size = global_size // (world_size * accum_steps)
     start = (rank * accum_steps + k) * size
     return slice(start, start + size)
-
-
-def test_shard_reference(capsys):
-    shard_rows(reference_rows)
-    shard_rows(lambda *a: range(reference_rows(*a).start, reference_rows(*a).stop))
-    assert capsys.readouterr().out == "Exercise 7.1: correct.\nExercise 7.1: correct.\n"
 
 
 def interleaved(global_size, rank, k, world_size, accum_steps):
@@ -57,14 +51,15 @@ def library_through_module(global_size, rank, k, world_size, accum_steps):
     return batching.micro_batch_slice(global_size, rank, k, world_size, accum_steps)
 
 
+ITSELF = "uses the library's micro_batch_slice, which is the answer itself"
 SHARD_ROWS_MISTAKES = [
     (interleaved, "Rank r owns the contiguous block r"),
     (forgot_accumulation, "cut into world_size x accum_steps equal parts"),
     (lambda g, r, k, n, a: list(range(g))[reference_rows(g, r, k, n, a)], "return a slice"),
     (float_bounds, "the slice's bounds must be whole numbers (int)"),
-    (library_rows, "uses the library's micro_batch_slice, which is the answer itself"),
-    (library_through_module, "uses the library's micro_batch_slice"),
-    (micro_batch_slice, "uses the library's micro_batch_slice"),
+    (library_rows, ITSELF),
+    (library_through_module, ITSELF),
+    (micro_batch_slice, ITSELF),
 ]
 
 
@@ -87,10 +82,6 @@ def test_no_hint_gives_the_formula():
             lambda s, local, total, n: s / local, lambda s, local, total, n: s / total,
             lambda s, local, total, n: s / total / n)]:
         assert "world_size / global" not in hint and "x world_size" not in hint, hint
-
-
-def test_not_done(capsys):
-    assert_not_done(capsys, shard_rows, scale_loss)
 
 
 # ---- exercise 7.3's judge, on what a launch would report (no launch) ------------------
@@ -153,4 +144,7 @@ def test_every_rank_in_the_same_broadcast_is_told_the_arguments_disagree():
 
 
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
-    standard_tests((scale_loss, [lambda s, local, total, n: s * n / total], SCALE_LOSS_MISTAKES))
+    standard_tests((shard_rows, [reference_rows, lambda *a: range(reference_rows(*a).start,
+                                                                  reference_rows(*a).stop)],
+                    SHARD_ROWS_MISTAKES),
+                   (scale_loss, [lambda s, local, total, n: s * n / total], SCALE_LOSS_MISTAKES))

@@ -40,16 +40,6 @@ def indices_in_blocks(size, world_size, rank, epoch, seed):
     return everything[rank * per_rank:(rank + 1) * per_rank]
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (indices_without_epoch, "seed \\+ epoch"),
-    (indices_without_padding, "padded"),
-    (indices_in_blocks, "every world_size-th index"),
-])
-def test_sampler_wrong_answers(wrong, hint):
-    with pytest.raises(ExerciseError, match=hint):
-        sampler_by_hand(wrong)
-
-
 def save_reference(obj, path):
     tmp = path + ".tmp"
     torch.save(obj, tmp)
@@ -74,15 +64,10 @@ def save_swallowing_errors(obj, path):
     assert torch.save.__name__ == "save"  # the checker put torch.save back
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (save_in_place, "destroyed the previous checkpoint"),
-    (save_never_renamed, "there is no file at path"),
-    (save_swallowing_errors, "did not reach the caller"),
-])
-def test_atomic_save_wrong_answers(wrong, hint):
+def test_the_checker_puts_torch_save_back():
     real_save = torch.save
-    with pytest.raises(ExerciseError, match=hint):
-        atomic_save(wrong)
+    with pytest.raises(ExerciseError, match="destroyed the previous checkpoint"):
+        atomic_save(save_in_place)
     assert torch.save is real_save
 
 
@@ -101,7 +86,8 @@ SAMPLER_BY_HAND_MISTAKES = [
      "return this rank's indices as a list of whole numbers; your code returned the str"),
     (lambda *args: None, "returned None"),
     (indices_without_epoch, "seed + epoch"),
-    (indices_without_padding, "padded"),
+    (indices_without_padding, "is padded by repeating its first indices"),
+    (indices_in_blocks, "every world_size-th index"),
     (indices_reference(10, 2, 0, 0, 0), "pass the function itself"),  # called, not passed
 ]
 

@@ -23,7 +23,15 @@ from __future__ import annotations
 
 import re
 
+import torch
 import torch.distributed as dist
+
+from course_lib.check.checker import expect
+
+OPTIMIZERS = {"SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+              "AdamW": (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.01})}
+SUMMED = ("the SUM of the ranks' gradients: the reduce-scatter adds them up, and plain data "
+          "parallelism steps with their mean")  # "the step used " + SUMMED
 
 
 def members(spec: dict) -> list[int]:
@@ -41,6 +49,36 @@ def subgroup(world_size: int) -> list[int]:
     """The ranks of a case that runs on a group smaller than the world, not from rank 0 on:
     [1] of 2 processes, [1, 2] of 3, [1, 3] of 4."""
     return [1] if world_size == 2 else [1, world_size - 1]
+
+
+def with_group_case(specs: list[dict], world_size: int, case: dict) -> list[dict]:
+    """``specs``, then on 3 and 4 processes ``case`` on the group ``subgroup`` names (its name
+    ends ", in a group of ranks [1, 2]"); each spec numbered by its seed."""
+    if world_size >= 3:
+        ranks = subgroup(world_size)
+        specs = [*specs, {**case, "name": f"{case['name']}, in a group of ranks {ranks}",
+                          "members": ranks}]
+    return [{**spec, "seed": i} for i, spec in enumerate(specs)]
+
+
+def flat_parameters(model: torch.nn.Module) -> list[float]:
+    """Every parameter's values, in ``model.parameters()`` order."""
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]).tolist()
+
+
+def expect_waited(rank: int, unwaited: list[dict], why: str) -> None:
+    """Every isend and irecv handle of the rank waited on (``unwaited``: the tracer's)."""
+    for handle in unwaited:
+        way = "to" if handle["kind"] == "isend" else "from"
+        expect(False, f"rank {rank} returned without waiting for its {handle['kind']} {way} "
+                      f"rank {handle['peer']} (line {handle['line']}): {why}")
+
+
+def fail_with_gap(got: list, want: list, who: str, step: int) -> None:
+    """Fail, saying by how much ``who``'s parameters after ``step`` (from 0) are off."""
+    gap = float((torch.as_tensor(got) - torch.as_tensor(want)).abs().max())
+    expect(False, f"after step {step + 1}, {who}'s parameters differ from plain data "
+                  f"parallelism by up to {gap:.2e}")
 
 
 def ring_share(sent: list[int], numel: int, element_size: int, phases: int) -> str | None:

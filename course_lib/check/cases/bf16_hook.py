@@ -16,16 +16,14 @@ backward, with the learner's line. DDP thus never ends in an error of its own.
 
 from __future__ import annotations
 
-import copy
 import threading
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from course_lib.check.cases import hooks, members, passed, subgroup
+from course_lib.check.cases import hooks, members, passed, with_group_case
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.learner import CaseFinding
@@ -48,11 +46,8 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
               "passes": 3, "cap": SMALL_CAP, "scale": 1.0},
              {"name": "one bucket, gradients up to 1e5 (the loss times 1e6)", "passes": 1,
               "cap": 25 * MB, "scale": LARGE_SCALE}]
-    if world_size >= 3:
-        ranks = subgroup(world_size)
-        specs.append({"name": f"a group of ranks {ranks} (not the whole world)", "passes": 1,
-                      "cap": SMALL_CAP, "scale": 1.0, "members": ranks})
-    return [{**spec, "seed": i} for i, spec in enumerate(specs)]
+    return with_group_case(specs, world_size, {"name": "1 backward pass, 1 bucket",
+                                               "passes": 1, "cap": SMALL_CAP, "scale": 1.0})
 
 
 def done(value: torch.Tensor) -> torch.futures.Future:
@@ -139,13 +134,6 @@ class HookLog:
             raise CaseFinding(self.finding)
 
 
-def own_grads(model: nn.Module, x, y, scale: float) -> list[float]:
-    """This rank's gradient alone (the same pass, no DDP)."""
-    mine = copy.deepcopy(model)
-    (F.cross_entropy(mine(x), y) * scale).backward()
-    return hooks.flat_grads(mine)
-
-
 def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     rank = dist.get_rank(group)
     module = hooks.make_model(spec["seed"])
@@ -158,7 +146,7 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
         hook.log = log
         for i in range(spec["passes"]):
             x, y = hooks.batch(spec, rank, i)
-            local = own_grads(module, x, y, spec["scale"])
+            local = hooks.own_grads(module, x, y, spec["scale"])  # without DDP
             model.zero_grad(set_to_none=True)
             (F.cross_entropy(model(x), y) * spec["scale"]).backward()  # the hook runs here
             hook.raise_if_failed()

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.check.answers import close, describe
+from course_lib.check.cases import flat_parameters
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import Tracer
@@ -48,10 +49,6 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
              "config": c, "index": i} for i, c in enumerate(CONFIGS)]
 
 
-def flat(model: nn.Module) -> list[float]:
-    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]).tolist()
-
-
 def reference(learner, config, n: int, set_epoch: bool = True, loss_scale="1") -> dict:
     """One process: each optimizer step on every rank's examples of that step at once."""
     scale = {"1": 1.0, "k": float(config.accum_steps), "1/n": 1 / n}[loss_scale]
@@ -71,7 +68,7 @@ def reference(learner, config, n: int, set_epoch: bool = True, loss_scale="1") -
             (loss * scale).backward()
             optimizer.step()
             losses.append(loss.item())
-    return {"params": flat(model), "losses": losses}
+    return {"params": flat_parameters(model), "losses": losses}
 
 
 @contextmanager
@@ -119,7 +116,7 @@ def returned(result) -> dict:
         torch.is_tensor(v) and v.numel() == 1)]
     if len(numbers) != len(losses):
         return {"ok": False, "what": f"losses: {describe(losses)}"}
-    return {"ok": True, "params": flat(model), "losses": numbers}
+    return {"ok": True, "params": flat_parameters(model), "losses": numbers}
 
 
 def checkpoint_state(path: str) -> dict:

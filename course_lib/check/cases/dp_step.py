@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course_lib.check.answers import close
-from course_lib.check.cases import members, subgroup
+from course_lib.check.cases import flat_parameters, members, with_group_case
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import Tracer
@@ -34,11 +34,7 @@ CASES = (("1 micro-batch per step (K = 1)", 1), ("3 micro-batches per step (K = 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
     specs = [{"name": name, "accum_steps": k} for name, k in CASES]
-    if world_size >= 3:
-        ranks = subgroup(world_size)
-        specs.append({"name": f"K = 2, in a group of ranks {ranks}", "accum_steps": 2,
-                      "members": ranks})
-    return [{**spec, "seed": i} for i, spec in enumerate(specs)]
+    return with_group_case(specs, world_size, {"name": "K = 2", "accum_steps": 2})
 
 
 def make_model(seed: int) -> nn.Module:
@@ -72,10 +68,6 @@ def tensors(model: nn.Module) -> list[list[float]]:
     return [p.detach().reshape(-1).tolist() for p in model.parameters()]
 
 
-def flat(model: nn.Module) -> list[float]:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
-
-
 def reference_parameters(spec: dict, world_size: int, loss_scale: float = 1.0,
                          keep_grads: bool = False) -> list[float]:
     """One process, the whole batch each step, from rank 0's weights. A known mistake's
@@ -88,7 +80,7 @@ def reference_parameters(spec: dict, world_size: int, loss_scale: float = 1.0,
         with torch.no_grad():  # plain SGD's step, as torch.optim.SGD(lr=LR) takes it
             for p in model.parameters():
                 p.add_(p.grad, alpha=-LR)
-    return flat(model)
+    return flat_parameters(model)
 
 
 class SyncCounter:
@@ -140,7 +132,8 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
             "broadcast_right": after_broadcast == rank0, "parameter_tensors": len(rank0),
             "broadcast_missed": [i for i, (a, b) in enumerate(zip(after_broadcast, rank0,
                                                                   strict=True)) if a != b],
-            "steps": steps, "params": flat(model), **log.summary()}
+            "steps": steps, "params": flat_parameters(model),
+            **log.summary()}
 
 
 # ---- the judge (in the kernel) --------------------------------------------------------------

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.check.answers import close
-from course_lib.check.cases import members, passed, subgroup
+from course_lib.check.cases import members, passed, with_group_case
 from course_lib.check.checker import ExerciseError, expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import Tracer
@@ -44,11 +44,7 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
              {"name": "two steps in a row, 4 buckets", "cap_bytes": SMALL_CAP, "steps": 2},
              {"name": "one bucket for everything (bucket_cap_mb=25)", "cap_bytes": 25 * MB,
               "steps": 1}]
-    if world_size >= 3:
-        ranks = subgroup(world_size)
-        specs.append({"name": f"a group of ranks {ranks} (not the whole world)",
-                      "cap_bytes": SMALL_CAP, "steps": 1, "members": ranks})
-    return [{**spec, "seed": i} for i, spec in enumerate(specs)]
+    return with_group_case(specs, world_size, specs[0])
 
 
 def make_model(seed: int) -> nn.Sequential:
@@ -72,10 +68,10 @@ def flat_grads(model: nn.Module) -> list[float]:
         (p.numel(),), float("nan")) for p in model.parameters()]).tolist()
 
 
-def own_grads(model: nn.Module, x, y) -> list[float]:
-    """One rank's gradient alone, before any averaging."""
+def own_grads(model: nn.Module, x, y, scale: float = 1.0) -> list[float]:
+    """One rank's gradient alone, before any averaging (of its loss times ``scale``)."""
     mine = copy.deepcopy(model)
-    F.cross_entropy(mine(x), y).backward()
+    (F.cross_entropy(mine(x), y) * scale).backward()
     return flat_grads(mine)
 
 

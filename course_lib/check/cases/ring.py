@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course_lib.check.cases import members, passed, ring_mistakes, ring_share, subgroup
+from course_lib.check.cases import expect_waited, members, passed, ring_share, with_group_case
+from course_lib.check.cases.ring_mistakes import REFUSED, mistake_hint, name_mistake
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import Tracer
@@ -39,14 +40,13 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
         ("a transposed (non-contiguous) float32 view of shape (3, 4)", [4, 3], "float32",
          True),
     ]
-    specs = [{"name": name, "shape": shape, "dtype": dtype, "transposed": transposed,
-              "seed": i} for i, (name, shape, dtype, transposed) in enumerate(specs)]
-    if n >= 2:
-        ranks = [0] if n == 2 else subgroup(n)
-        group = "1 process" if n == 2 else f"ranks {ranks}"
-        specs.append({"name": f"5 float32 numbers, in a group of {group}", "shape": [5],
-                      "dtype": "float32", "transposed": False, "seed": 9, "members": ranks})
-    return specs
+    specs = [{"name": name, "shape": shape, "dtype": dtype, "transposed": transposed}
+             for name, shape, dtype, transposed in specs]
+    if n == 2:
+        specs.append({"name": "5 float32 numbers, in a group of 1 process", "shape": [5],
+                      "dtype": "float32", "transposed": False, "members": [0]})
+    return with_group_case(specs, n, {"name": "5 float32 numbers", "shape": [5],
+                                      "dtype": "float32", "transposed": False})
 
 
 def make_input(spec: dict, rank: int) -> torch.Tensor:
@@ -94,11 +94,8 @@ def judge_calls(rank: int, s: dict) -> None:
     used = [*(f"the library's {f}" for f in s["library"]),
             *(f"dist.{c}" for c in s["collectives"])]
     expect(not used, f"ring_all_reduce calls {(used or [''])[0]}: {YOURSELF}")
-    for handle in s["unwaited"]:
-        way = "to" if handle["kind"] == "isend" else "from"
-        expect(False, f"rank {rank} returned without waiting for its {handle['kind']} {way} "
-                      f"rank {handle['peer']} (line {handle['line']}): until its handle is "
-                      "waited on, a message may not have arrived (or left) yet")
+    expect_waited(rank, s["unwaited"], "until its handle is waited on, a message may not "
+                                       "have arrived (or left) yet")
 
 
 def _values(by_rank: dict, key: str, n: int) -> list[torch.Tensor]:
@@ -133,9 +130,9 @@ def judge_values(spec: dict, by_rank: dict, n: int) -> None:
         return
     if all(torch.equal(g, x) for g, x in zip(got, inputs, strict=True)):
         _unchanged(spec, by_rank, wrong[0])
-    mistake = ring_mistakes.name_mistake(inputs, got)
+    mistake = name_mistake(inputs, got)
     if mistake:
-        expect(False, ring_mistakes.mistake_hint(mistake, n))
+        expect(False, mistake_hint(mistake, n))
     r = wrong[0]
     expect(False, f"rank {r} holds {_short(got[r])}, dist.all_reduce gives "
                   f"{_short(expected[r])}, and no mistake the checker knows gives these "
@@ -169,5 +166,5 @@ EXERCISE = FileExercise(
         size="A receive buffer must match its message: either the two ranks meant different "
              "chunks (or cut the tensor differently), or the buffer has another dtype than the "
              "tensor (torch.empty and torch.zeros make float32 unless told otherwise)."),
-    judge, library=dict.fromkeys(ring_mistakes.REFUSED, YOURSELF), explain=explain,
+    judge, library=dict.fromkeys(REFUSED, YOURSELF), explain=explain,
     entry="check.nb06.my_ring")

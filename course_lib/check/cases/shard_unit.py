@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.check.answers import close
-from course_lib.check.cases import global_rank_sentence, members, rank_name, subgroup
+from course_lib.check.cases import SUMMED, global_rank_sentence, members, rank_name, with_group_case
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.learner import CaseFinding
@@ -64,11 +64,8 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
              {"name": "2 steps, block 0 used twice in forward", "twice": True, "steps": 2,
               "accum": 1},
              {"name": "1 step of 2 backward passes (accumulation)", "steps": 1, "accum": 2}]
-    if world_size >= 3:
-        ranks = subgroup(world_size)
-        specs.append({"name": f"a group of ranks {ranks} (not the whole world)", "steps": 1,
-                      "accum": 1, "members": ranks})
-    return [{"twice": False, **spec, "seed": i} for i, spec in enumerate(specs)]
+    group_case = {"name": "1 step, two blocks and the root", "steps": 1, "accum": 1}
+    return [{"twice": False, **spec} for spec in with_group_case(specs, world_size, group_case)]
 
 
 def make_model(spec: dict) -> Net:
@@ -294,8 +291,7 @@ def judge(spec: dict, by_rank: dict, run) -> None:
         wrong = [k for k in params if not close(got[k], params[k])]
         summed = reference(spec, n, grad_scale=n)[1]
         expect(not wrong or any(not close(got[k], summed[k]) for k in summed),
-               "the steps used the SUM of the ranks' gradients: the reduce-scatter adds them "
-               "up, and plain data parallelism steps with their mean")
+               f"the steps used {SUMMED}")
         expect(not wrong or spec["accum"] == 1,
                f"after {spec['accum']} backward passes and one step, {who}'s "
                f"{', '.join(wrong[:1])} differs from plain data parallelism's: each backward "

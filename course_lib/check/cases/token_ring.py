@@ -19,7 +19,7 @@ import functools
 import torch
 import torch.distributed as dist
 
-from course_lib.check.cases import members, subgroup
+from course_lib.check.cases import expect_waited, members, with_group_case
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import COLLECTIVES, Tracer
@@ -35,16 +35,12 @@ NOT_CONNECTED = "Pair is not connected"  # Gloo, for an isend or irecv to the pr
 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
-    specs = [{"name": name, "shape": shape, "dtype": dtype, "seed": i}
-             for i, (name, shape, dtype) in enumerate(CASES)]
+    specs = [{"name": name, "shape": shape, "dtype": dtype} for name, shape, dtype in CASES]
     if world_size == 2:
         name, shape, dtype = ONE_PROCESS
-        specs.append({"name": name, "shape": shape, "dtype": dtype, "seed": 9, "members": [0]})
-    elif world_size >= 3:
-        ranks = subgroup(world_size)
-        specs.append({"name": f"a float64 token of 4 numbers, in a group of ranks {ranks}",
-                      "shape": [4], "dtype": "float64", "seed": 8, "members": ranks})
-    return specs
+        specs.append({"name": name, "shape": shape, "dtype": dtype, "members": [0]})
+    return with_group_case(specs, world_size, {"name": "a float64 token of 4 numbers",
+                                               "shape": [4], "dtype": "float64"})
 
 
 def make_token(spec: dict, rank: int) -> torch.Tensor:
@@ -113,12 +109,9 @@ def judge_calls(function: str, rank: int, s: dict) -> None:
     wrong, why = WRONG_KIND[function]
     made = sorted(set(s["calls"]) & wrong)
     expect(not made, f"{function} called {' and '.join(made)}: {why}")
-    for handle in s["unwaited"]:
-        way = "to" if handle["kind"] == "isend" else "from"
-        expect(False, f"rank {rank} returned without waiting for its {handle['kind']} {way} "
-                      f"rank {handle['peer']} (line {handle['line']}): until its .wait() "
-                      "returns, an irecv's tensor may not hold the message yet and an isend's "
-                      "tensor may still be in use")
+    expect_waited(rank, s["unwaited"], "until its .wait() returns, an irecv's tensor may not "
+                                       "hold the message yet and an isend's tensor may still "
+                                       "be in use")
 
 
 def judge_kind(function: str, rank: int, s: dict, mine: torch.Tensor) -> None:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from course_lib.check import cases
 from course_lib.check.answers import close
-from course_lib.check.cases import global_rank_sentence, members, ring_share, subgroup
+from course_lib.check.cases import global_rank_sentence, members, ring_share, with_group_case
 from course_lib.check.checker import ExerciseError, expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import ALL_REDUCES, COLLECTIVES, Tracer
@@ -27,19 +28,14 @@ from course_lib.check.mp.verdict import Advice
 from course_lib.core.collectives import chunk_bounds
 
 STEPS = 2
-OPTIMIZERS = {"SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
-              "AdamW": (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.01})}
 CASES = ((23, "SGD with momentum"), (24, "AdamW"), (3, "SGD with momentum"))  # (values, ...)
 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
     specs = [{"name": f"{numel} values, {optimizer}", "numel": numel, "optimizer": optimizer}
              for numel, optimizer in CASES]
-    if world_size >= 3:
-        ranks = subgroup(world_size)
-        specs.append({"name": f"23 values, AdamW, in a group of ranks {ranks}", "numel": 23,
-                      "optimizer": "AdamW", "members": ranks})
-    return [{**spec, "seed": i} for i, spec in enumerate(specs)]
+    return with_group_case(specs, world_size, {"name": "23 values, AdamW", "numel": 23,
+                                               "optimizer": "AdamW"})
 
 
 def initial_parameters(spec: dict) -> torch.Tensor:
@@ -58,7 +54,7 @@ def local_gradient(spec: dict, rank: int, step: int, params: torch.Tensor) -> to
 def reference(spec: dict, world_size: int, grad_scale: float = 1.0) -> list[list[float]]:
     """Plain data parallelism: the parameters after each step."""
     params = torch.nn.Parameter(initial_parameters(spec))
-    optimizer_class, options = OPTIMIZERS[spec["optimizer"]]
+    optimizer_class, options = cases.OPTIMIZERS[spec["optimizer"]]
     optimizer, after = optimizer_class([params], **options), []
     for step in range(STEPS):
         grads = [local_gradient(spec, r, step, params) for r in range(world_size)]
@@ -94,7 +90,7 @@ def what_it_holds(optimizer, flat: torch.Tensor, at_start: list[torch.Tensor]) -
 def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     flat = initial_parameters(spec)
-    optimizer_class, optimizer_options = OPTIMIZERS[spec["optimizer"]]
+    optimizer_class, optimizer_options = cases.OPTIMIZERS[spec["optimizer"]]
     after, holds = [], {}
     with tracer.watching(spec["name"], members(spec)) as log:
         optimizer = learner.make_shard_optimizer(flat, optimizer_class, group,
@@ -195,12 +191,9 @@ def judge_rank(spec: dict, s: dict, rank: int, n: int, step: int) -> None:
     expect(not torch.equal(outside, torch.cat([before[:start], before[end:]])),
            f"after step {step + 1}, rank {rank}'s own chunk is updated but the other values "
            "are still the old ones: no rank got the other chunks from their owners")
-    expect(not close(got, reference(spec, n, grad_scale=n)[step]),
-           "the step used the SUM of the ranks' gradients: the reduce-scatter adds them up, "
-           "and plain data parallelism steps with their mean")
-    gap = float((got - torch.tensor(want[step])).abs().max())
-    expect(False, f"after step {step + 1}, rank {rank}'s parameters differ from plain data "
-                  f"parallelism by up to {gap:.2e}")
+    summed = reference(spec, n, grad_scale=n)[step]
+    expect(not close(got, summed), f"the step used {cases.SUMMED}")
+    cases.fail_with_gap(got, want[step], f"rank {rank}", step)
 
 
 def judge(spec: dict, by_rank: dict, run) -> None:

@@ -24,15 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.check import cases
 from course_lib.check.answers import close
-from course_lib.check.cases import (
-    global_rank_sentence,
-    hooks,
-    members,
-    passed,
-    rank_name,
-    subgroup,
-)
+from course_lib.check.cases import global_rank_sentence, hooks, members, passed, rank_name
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.learner import CaseFinding
@@ -44,8 +38,6 @@ from course_lib.core.zero2 import Zero2
 FEATURES, CLASSES, BATCH = hooks.FEATURES, hooks.CLASSES, 4
 SMALL_CAP = 2200  # bytes: 4 buckets of the model's float64 parameters
 SKIPPED = 2  # the layer a case leaves out of its first micro-step: in buckets 1 and 2
-OPTIMIZERS = {"SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
-              "AdamW": (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.01})}
 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
@@ -56,11 +48,9 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
              {"name": f"1 step of 2 micro-steps, 4 buckets, layer {SKIPPED} unused in the "
                       "first", "steps": 1, "accum": 2, "cap": SMALL_CAP,
               "optimizer": "SGD with momentum", "unused_in": [0]}]
-    if world_size >= 3:
-        ranks = subgroup(world_size)
-        specs.append({"name": f"a group of ranks {ranks} (not the whole world)", "steps": 1,
-                      "accum": 1, "cap": SMALL_CAP, "optimizer": "AdamW", "members": ranks})
-    return [{**spec, "seed": i} for i, spec in enumerate(specs)]
+    return cases.with_group_case(specs, world_size, {
+        "name": "1 step, 4 buckets, AdamW", "steps": 1, "accum": 1, "cap": SMALL_CAP,
+        "optimizer": "AdamW"})
 
 
 def batch(spec: dict, rank: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,17 +72,13 @@ def micro_loss(spec: dict, model: nn.Sequential, rank: int, step: int, micro: in
     return F.cross_entropy(forward(model, x, skip), y) / spec["accum"]
 
 
-def flat(model: nn.Module) -> list[float]:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
-
-
 def reference(spec: dict, ranks: int, grad_scale: float = 1.0,
               last_micro_only: bool = False) -> list:
     """Plain data parallelism on ``ranks`` ranks: the parameters after each step.
     ``grad_scale`` N: the sum over the ranks; ``last_micro_only``: each step keeps only its last
     micro-step's gradient."""
     model = hooks.make_model(spec["seed"]).double()
-    optimizer_class, options = OPTIMIZERS[spec["optimizer"]]
+    optimizer_class, options = cases.OPTIMIZERS[spec["optimizer"]]
     optimizer = optimizer_class(model.parameters(), **options)
     after = []
     for step in range(spec["steps"]):
@@ -104,7 +90,7 @@ def reference(spec: dict, ranks: int, grad_scale: float = 1.0,
                 loss = micro_loss(spec, model, rank, step, micro) / ranks
                 (loss * grad_scale).backward()
         optimizer.step()
-        after.append(flat(model))
+        after.append(cases.flat_parameters(model))
     return after
 
 
@@ -188,7 +174,7 @@ class HookLog:
 def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     rank = dist.get_rank(group)
     model = hooks.make_model(spec["seed"]).double()  # the same weights on every rank
-    optimizer_class, optimizer_options = OPTIMIZERS[spec["optimizer"]]
+    optimizer_class, optimizer_options = cases.OPTIMIZERS[spec["optimizer"]]
     after = []
     with tracer.watching(spec["name"], members(spec)) as log:
         hook, CaseZero2.learner = HookLog(learner, log), learner
@@ -202,7 +188,7 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
                 hook.backward += 1
             optimizer.step()
             optimizer.zero_grad()
-            after.append(flat(model))
+            after.append(cases.flat_parameters(model))
     return {"after": after, "hooks": hook.calls, "backwards": hook.backward,
             "buckets": [len(b.params) for b in optimizer.buckets],
             "kept_grad": optimizer.kept_grad, **log.summary()}
@@ -282,8 +268,7 @@ def judge_hook_call(call: dict, who: str, n: int) -> None:
 def judge_step(spec: dict, got: list, who: str, step: int, n: int, world: int) -> None:
     """Why ``got``, the parameters after ``step``, are not plain data parallelism's."""
     expect(not close(got, reference(spec, n, grad_scale=n)[step]),
-           "the step used the SUM of the ranks' gradients: the reduce-scatter adds them up, "
-           "and plain data parallelism steps with their mean")
+           f"the step used {cases.SUMMED}")
     expect(n == world or not close(got, reference(spec, n, grad_scale=n / world)[step]),
            f"the gradients were divided by {world}, the size of the whole world, but this "
            f"group has {n} ranks: take the size from the group your hook is given")
@@ -291,9 +276,7 @@ def judge_step(spec: dict, got: list, who: str, step: int, n: int, world: int) -
            f"with {spec['accum']} backward passes before the step, only the last one's "
            "gradient counted: each backward calls the hook once per bucket, and what an "
            "earlier one left in piece.grad must stay in the sum")
-    gap = float((torch.tensor(got) - torch.tensor(reference(spec, n)[step])).abs().max())
-    expect(False, f"after step {step + 1}, {who}'s parameters differ from plain data "
-                  f"parallelism by up to {gap:.2e}")
+    cases.fail_with_gap(got, reference(spec, n)[step], who, step)
 
 
 def judge(spec: dict, by_rank: dict, run) -> None:
