@@ -119,9 +119,19 @@ def expected(notebook: Path) -> dict:
         "plots": sum("image/png" in out.get("data", {}) for out in outputs),
         "views": sum(WIDGET_VIEW in out.get("data", {}) for out in outputs),
         "math": bool(re.search(r"\$[^$\n]+\$", prose)),
-        "solutions": ["\n".join(block.lines) for block in made.blocks],
-        "open": sorted({marked_line(block.exercise_id) for block in made.blocks}),
+        "solutions": ["\n".join(block.lines) for block in made.blocks if not block.given],
+        "fixes": [line for block in made.blocks for line in fix_lines(block)],
+        "open": sorted({max(block.given, key=len).strip() if block.given else
+                        marked_line(block.exercise_id) for block in made.blocks}),
     }
+
+
+def fix_lines(block) -> list[str]:
+    """Where the learner starts from given code (a student version), the lines of the fix that
+    the given code lacks: no line of the page may be one of them."""
+    given = {line.strip() for line in block.given or []}
+    return [line.strip() for line in block.lines if block.given and line.strip()
+            and line.strip() not in given]
 
 
 @pytest.fixture(scope="module")
@@ -299,6 +309,9 @@ def test_pages_show_no_solution_and_open_exercises(site, pages):
         want, text = expected(nb), pages[f"notebooks/{nb.stem}.html"]["text"]
         for solution in want["solutions"]:
             assert solution not in text, f"{nb.name} shows a solution:\n{solution}"
+        shown = {line.strip() for line in text.split("\n")}
+        for line in want["fixes"]:
+            assert line not in shown, f"{nb.name} shows a line of a fix: {line}"
         for line in want["open"]:
             assert line in text, f"{nb.name} does not show the open exercise: {line}"
 
