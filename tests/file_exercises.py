@@ -850,6 +850,11 @@ GRAD_FREED = ("    unit.full.grad = None  # the whole gradient lives on only unt
 HOOK = "    reduce_scatter_bucket(grad, unit.shard, unit.process_group)  # ZeRO-2's hook, as is\n"
 OWN_REDUCE = ("    r, s, n = unit.rank, unit.shard_numel, unit.world_size\n"
               "    zero2.ring_reduce_scatter(grad, unit.process_group)\n")
+ASYNC_GATHER = ("    mine = full[r * s:(r + 1) * s]\n    mine.copy_(unit.shard.detach())\n"
+                "    unit.pending = dist.all_gather_into_tensor(full, mine.clone(), "
+                "group=unit.process_group,\n"
+                "                                               async_op=True)  # waited on "
+                "before it computes\n")
 MY_FLAT_SHARD = Exercise(nb10b.my_flat_shard, "my_flat_shard.py", right={
     "torch's all_gather_into_tensor, its own reduce-scatter": Right(2, [
         (PLACE + GATHER, "    mine = unit.shard.detach().to(full.dtype)\n"
@@ -861,6 +866,7 @@ MY_FLAT_SHARD = Exercise(nb10b.my_flat_shard, "my_flat_shard.py", right={
                "mean\n"),
         ("from course_lib.core.collectives import ring_all_gather",
          "from course_lib.core.collectives import ring_reduce_scatter")]),
+    "an async gather, its handle in unit.pending": Right(3, [(PLACE + GATHER, ASYNC_GATHER)]),
     "the gradient freed after it is reduced, through the full tensor": Right(2, [
         (GRAD_FREED, ""),
         ("    reshard(unit)  # the parameters too, until the next forward\n",
@@ -888,6 +894,13 @@ MY_FLAT_SHARD = Exercise(nb10b.my_flat_shard, "my_flat_shard.py", right={
         "    if full.untyped_storage().nbytes() > 0 or getattr(unit, 'gathered', False):\n"
         "        return  # gathered once already\n    unit.gathered = True\n")],
         "after unshard(unit) for the root before its backward, unit.full has 0 bytes"),
+    "no memory given back before the gather": Wrong([(
+        "    full.untyped_storage().resize_(full.numel() * full.element_size())  # N*s values "
+        "again\n", "")], ("out of bounds for storage of size 0", "reshard gave its storage back "
+                          "(0 bytes)", "before anything, the gather included, writes into it")),
+    "an async gather, its handle kept nowhere": Wrong([(PLACE + GATHER, ASYNC_GATHER.replace(
+        "unit.pending = ", ""))], "your gather had not finished when unshard returned: wait on "
+                                  "it, or keep its handle in unit.pending"),
     "its shard put in after the gather": Wrong([(PLACE + GATHER, GATHER + PLACE)],
                                                "after unshard(unit) for the root, values "),
     "gathered again when whole": Wrong([(WHOLE + "\n        return  # whole already\n", "")],

@@ -27,7 +27,7 @@ from course_lib.check.cases import hooks, members, passed, with_group_case
 from course_lib.check.checker import expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.learner import CaseFinding
-from course_lib.check.mp.tracer import Tracer
+from course_lib.check.mp.tracer import TracedWork, Tracer
 from course_lib.check.mp.verdict import Advice, is_shape_error
 from course_lib.core.buckets import MB
 
@@ -77,7 +77,7 @@ class HookLog:
             return done(buffer)
         self.calls.append({"numel": buffer.numel(), "handed": self.log.handed[before:],
                            "blocking": self.log.blocking[blocked:]})
-        if isinstance(result, dist.Work):
+        if isinstance(result, dist.Work | TracedWork):  # the tracer's stand-in for a Work
             result.wait()
             self.note("your hook returned the all-reduce's handle (a Work), but DDP takes a "
                       "torch.futures.Future: the handle's get_future() is one")

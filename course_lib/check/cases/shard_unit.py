@@ -7,7 +7,9 @@ residual blocks, a last layer), wraps the blocks and then the root with ``shard_
 forward, and again in backward), after forward, and when backward has left the module's whole
 gradient in ``unit.full.grad``. Right after each call the case looks at what the call left
 (memory behind ``unit.full``, every rank's place in it, ``unit.full.grad``, ``unit.shard.grad``,
-the bytes it sent) and stops with a ``CaseFinding`` that says what is wrong. Each rank trains on
+the bytes it sent) and stops with a ``CaseFinding`` that says what is wrong. A gather started
+with ``async_op=True`` is waited on first if its handle is in ``unit.pending``, as the module
+waits before it computes; one whose handle was kept nowhere and never waited on is a finding. Each rank trains on
 its own batches with SGD with momentum over the shards. On 3 and 4 processes a case runs on a
 group of ranks [1, 2] or [1, 3].
 
@@ -128,7 +130,10 @@ class LearnerShard(FlatShard):
 
     def unshard(self, async_op: bool = False) -> None:
         was_whole, before = bytes_of(self.full) > 0, self.sent()
+        started = len(self.log.started)
         self.learner.unshard(self)
+        self.expect_waited(self.log.started[started:])
+        self.wait_for_unshard()  # a gather left in unit.pending: the module waits for it
         self.expect_same_tensor("unshard")
         sent = [a - b for a, b in zip(self.sent(), before, strict=True)]
         if was_whole and any(sent):
@@ -142,6 +147,17 @@ class LearnerShard(FlatShard):
                               f"has {bytes_of(self.full)} bytes of memory: its "
                               f"{self.full.numel()} values need {whole}")
         self.expect_shards()
+
+    def expect_waited(self, started: list) -> None:
+        """A gather started with async_op=True is waited on in unshard, or its handle kept in
+        unit.pending, where the module waits for it before it computes."""
+        for handle in started:
+            if not handle.done and handle is not self.pending:
+                raise CaseFinding(
+                    f"after unshard(unit) for {self.name}, your gather had not finished when "
+                    "unshard returned: wait on it, or keep its handle in unit.pending, where "
+                    f"the module waits before it computes ({handle.kind} with async_op=True "
+                    f"at line {handle.line}, its handle kept nowhere)")
 
     def before_forward(self) -> None:
         self.moment = "before its forward"
@@ -305,11 +321,18 @@ def judge(spec: dict, by_rank: dict, run) -> None:
 
 
 def explain(error: dict, text: str) -> str:
-    if not is_shape_error(error["message"]):
+    message = error["message"]
+    if "for storage of size 0" in message:  # a write into unit.full with no memory behind it
+        return ("unit.full had no memory there: reshard gave its storage back (0 bytes), and "
+                "the tensor and its views stay without any. unshard must give the storage its "
+                "bytes again, unit.full.untyped_storage() resized to the size of N*s values, "
+                "before anything, the gather included, writes into it.")
+    if not is_shape_error(message):
         return ""
     return global_rank_sentence(error, text) or (
         "unit.shard holds s values, this rank's shard: its gradient has that shape, and the "
-        "module's whole gradient, N*s values, does not fit it.")
+        "module's whole gradient, N*s values, does not fit it." if "gradient" in message
+        else "")
 
 
 EXERCISE = FileExercise(

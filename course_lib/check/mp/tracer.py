@@ -12,8 +12,9 @@ with wrappers. While a case runs (``with tracer.watching(case, members) as log``
   often this rank called each collective in the case ("collectives"): a rank that called
   one less often than its peers leaves them waiting;
 - count the bytes and messages this rank sends, note every collective and library call (with
-  the dtype and size of the tensor it was handed), and hand out ``isend``/``irecv`` handles
-  that remember whether they were waited on;
+  the dtype and size of the tensor it was handed), and hand out ``isend``/``irecv`` handles,
+  and those of collectives started with ``async_op=True``, that remember whether they were
+  waited on;
 - refuse a peer outside the group the case passed, a peer or a root named by its rank in
   the whole world (dst=, src=) in a group numbered otherwise, and a collective on the whole
   world when the case passed a smaller group (a clear error, not a hang).
@@ -47,9 +48,10 @@ from course_lib.runtime.launch_child import write_json_atomic
 
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-               "gather", "scatter", "barrier", "monitored_barrier", "all_gather_object",
-               "broadcast_object_list", "gather_object", "scatter_object_list")
+               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+               "all_to_all_single", "gather", "scatter", "barrier", "monitored_barrier",
+               "all_gather_object", "broadcast_object_list", "gather_object",
+               "scatter_object_list")
 LIBRARY_MODULE = "course_lib.core.collectives"
 LIBRARY = ("naive_all_reduce", "ring_all_reduce", "recursive_doubling_all_reduce",
            "ring_reduce_scatter", "ring_all_gather")
@@ -77,6 +79,7 @@ class CaseLog:
     handed: list = field(default_factory=list)  # (call, dtype, numel) of each of those calls
     blocking: list = field(default_factory=list)  # collectives called without async_op
     handles: list = field(default_factory=list)  # every TracedWork handed out
+    started: list = field(default_factory=list)  # every StartedCollective handed out
 
     def summary(self) -> dict:
         unwaited = [h.describe() for h in self.handles if not h.done]
@@ -137,6 +140,18 @@ class TracedWork:
 
     def describe(self) -> dict:
         return {"kind": self.kind, "peer": self.peer, "line": self.line}
+
+
+class StartedCollective(TracedWork):
+    """The handle of a collective started with ``async_op=True`` (``kind``: its name): it
+    records whether it was waited on, and a wait says in the status which collective waits."""
+
+    def wait(self, *args, **kwargs):
+        self._tracer.status(op=self.kind, line=self._tracer.learner_line())  # it may block
+        result = self._work.wait(*args, **kwargs)  # a timeout leaves the status as it is
+        self._tracer.status(op=None)
+        self.done = True
+        return result
 
 
 class Tracer:
@@ -252,14 +267,20 @@ class Tracer:
                 finally:
                     self.inside = None
             self._check_group(original, args, kwargs)
+            started = False
             try:
-                if not self._bound(original, args, kwargs).get("async_op"):
+                started = bool(self._bound(original, args, kwargs).get("async_op"))
+                if not started:
                     self.log.blocking.append(original.__name__)
             except TypeError:
                 pass  # torch reports a wrong call itself
-            self.status(op=original.__name__, line=self.learner_line())  # it may wait: say so
+            line = self.learner_line()
+            self.status(op=original.__name__, line=line)  # it may wait: say so
             result = original(*args, **kwargs)  # a timeout leaves the status as it is
             self.status(op=None)
+            if started and result is not None:  # a handle: remember whether it is waited on
+                result = StartedCollective(result, self, original.__name__, None, line)
+                self.log.started.append(result)
             return result
 
         return handler
