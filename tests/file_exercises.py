@@ -1017,6 +1017,27 @@ CAPSTONE = Exercise(nb11.capstone_trainer, "capstone_trainer.py", reference_size
         "loss = token_losses * world_size / global_tokens  # DDP divides by world_size",
         "loss = token_losses / count_target_tokens(mb.targets) / accum_steps")],
         ("rung 2 of 7 fails", "different numbers of scored tokens"), shared=True),
+    "no_sync() on every micro-step": Wrong([("with nullcontext() if last else model.no_sync():",
+                                             "with model.no_sync():")],
+                                           ("rung 3 of 7 fails", "never all-reduced: there is no "
+                                            "all-reduce in the step", "DDP syncs only in a "
+                                            "backward outside no_sync()"), shared=True),
+    "each rank the broadcast's root": Wrong([("src=0, group=group)",
+                                              "src=dist.get_rank(group), group=group)")],
+                                            ("rung 5 of 7 fails", "waited at line {line:src=dist"
+                                             ".get_rank(group)}, dist.broadcast(tensor, src=dist."
+                                             "get_rank(group), group=group): each called it, but "
+                                             "with another root", "src=0 on every rank")),
+    "a seed per rank": Wrong([(between(reference("capstone_trainer.py"), "    sampler = ",
+                                       "the same on every rank\n"), """\
+    orders = []
+    for epoch in range(epochs):
+        sampler = DistributedSampler(dataset, num_replicas=dist.get_world_size(group),
+                                     rank=dist.get_rank(group), shuffle=True,
+                                     seed=epoch + dist.get_rank(group))
+""")],
+                             ("rung 7 of 7 fails", "each rank shuffled differently", "The "
+                              "sampler's seed must be the same on every rank"), shared=True),
     "a typo in the step": Wrong([("optimizer.step()", "optimiser.step()")],
                                 ("rung 1 of 7 fails", "line {line:optimiser.step()} in train_step",
                                  "NameError: name 'optimiser' is not defined"))}, library={

@@ -53,8 +53,9 @@ def test_the_student_copy_hands_out_the_buggy_trainer_and_it_is_not_done_yet(
     monkeypatch.setattr(capstone, "run_file", lambda *a, **k: pytest.fail("it launched"))
     nb11.capstone_trainer(workspace.put(skeleton(TRAINER), TRAINER))
     assert capsys.readouterr().out == (
-        "Exercise 11.1: not done yet (this is the code as given: fix it where its cell's text "
-        "says, then run the cell again).\n")
+        "Exercise 11.1: not done yet (this is the code as given: change it, and the checker "
+        "runs on your version; the notebook's text says how to see the first report on the "
+        "given code).\n")
 
     class Launched(Exception):
         pass

@@ -95,8 +95,9 @@ AS_GIVEN = "the code as given"  # a NotImplementedError's message: the given cod
 
 def not_done_line(exercise_id: str, as_given: bool = False) -> str:
     if as_given:  # a student version: code to fix, not a line to replace
-        return (f"Exercise {exercise_id}: not done yet (this is the code as given: fix it "
-                "where its cell's text says, then run the cell again).")
+        return (f"Exercise {exercise_id}: not done yet (this is the code as given: change it, "
+                "and the checker runs on your version; the notebook's text says how to see the "
+                "first report on the given code).")
     return (f"Exercise {exercise_id}: not done yet (replace the line that raises "
             "NotImplementedError with your code, then run the cell again).")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import linecache
 import os
 
 import torch
@@ -124,6 +125,10 @@ def judge_step(s: dict) -> None:
     k, ratio, n = s["accum_steps"], s["grad_ratio"], s["ranks"]
     if ratio is None:
         hint = "some parameters have no gradient after train_step: does backward run?"
+    elif n > 1 and s["syncs"] == 0:
+        hint = (f"the ranks' gradients were never all-reduced: there is no all-reduce in the "
+                f"step, so each of the {n} ranks kept the gradient of its own micro-batches. "
+                "DDP syncs only in a backward outside no_sync(): on the last micro-step")
     elif n == 1 and k > 1 and abs(ratio - k) < 0.2 * k:
         hint = (f"with {k} micro-steps the gradient is about {k} times the big batch's: each "
                 "backward adds its micro-step's whole gradient into .grad. What should each "
@@ -184,8 +189,15 @@ def judge_epochs(results: dict) -> None:
     expect(len(first) >= 2 and first[0] != first[1],
            f"rank 0 gets the same examples in the same order in epoch 0 and epoch 1: "
            f"{first[0][:5]}...: what makes the sampler shuffle differently in the next epoch?")
+    share = -(-DATASET_SIZE // len(orders))  # what DistributedSampler gives each rank
     for epoch in range(len(first)):
         seen = [i for rank in orders for i in orders[rank][epoch]]
+        mine = [orders[rank][epoch] for rank in orders]
+        expect(set(seen) == set(range(DATASET_SIZE)) or any(len(m) != share for m in mine)
+               or len({tuple(m) for m in mine}) == 1,
+               f"in epoch {epoch} the ranks together skip examples, though each took its "
+               f"share ({share} of {DATASET_SIZE}): each rank shuffled differently, and took "
+               "its share of its own order. The sampler's seed must be the same on every rank")
         expect(set(seen) == set(range(DATASET_SIZE)),
                f"in epoch {epoch} the ranks together skip examples: a sampler per rank must "
                "know its rank and the world size")
@@ -209,23 +221,38 @@ JUDGES = (lambda r: judge_step(r["one micro-step"][0]),
 
 
 def rung_report(number: int, hint: str) -> str:
+    end = "." if hint[-1:].isalnum() else ""  # a sentence ends; a "?" or a report stays
     return (f"rung {number} of {len(RUNGS)} fails: {RUNGS[number - 1][1]}. "
-            f"{hint[:1].upper()}{hint[1:]}")
+            f"{hint[:1].upper()}{hint[1:]}{end}")
 
 
-def waiting_rank(run) -> str:
-    """A rank left waiting in a collective that a peer never called (the peer went on);
-    "" when the launch ended otherwise."""
+def waiting_rank(run, path: str) -> str:
+    """A rank left waiting in a collective that a peer never called (the peer went on), or
+    every rank waiting in one they called with different roots; "" when the launch ended
+    otherwise. ``path``: the learner's file, where the line is read when the error has none."""
     if any(r.error and r.error["kind"] == "learner" for r in run.ranks):
         return ""
     for r in run.ranks:
         e = r.error or {}
         if e.get("kind") in ("peer_gone", "timeout") and e.get("line"):
+            code = (e["source"] or linecache.getline(path, e["line"])).split("#")[0].strip()
+            at = f"line {e['line']}, {code}" if code else f"line {e['line']}"
+            statuses = {o.rank: (o.error or {}).get("status") or {} for o in run.ranks}
+            mine = statuses[r.rank]
+            joined = all(s.get("op") == mine.get("op") and s.get("collectives") ==
+                         mine.get("collectives") for s in statuses.values())
+            roots = {rank: s.get("root") for rank, s in statuses.items()}
+            if joined and len(set(roots.values())) > 1:  # the same call, other roots
+                called = ", ".join(f"rank {rank} with {root}" for rank, root in roots.items())
+                word = str(roots[r.rank]).split("=")[0]  # src, dst, group_src, ...
+                return (f"every rank waited at {at}: each called it, but with another root "
+                        f"({called}). A collective with a root pairs up only when every rank "
+                        f"of the group names the same one: {word}=0 on every rank" +
+                        (", so that rank 0 sends and the others receive"
+                         if mine.get("op") == "broadcast" else ""))
             others = ", ".join(str(o.rank) for o in run.ranks if o.rank != r.rank)
-            code = e["source"].split("#")[0].strip()
-            return (f"rank {r.rank} waited at line {e['line']}, {code}, and rank {others} "
-                    "never joined it: a collective completes only when every rank of the "
-                    "group calls it")
+            return (f"rank {r.rank} waited at {at}, and rank {others} never joined it: a "
+                    "collective completes only when every rank of the group calls it")
     return ""
 
 
@@ -243,7 +270,7 @@ def check(exercise: FileExercise, path: str, world_sizes=(2,)) -> None:
     results = {s["name"]: by_rank for s, by_rank in run.finished_cases()}
     for number, ((cases, claim), judge) in enumerate(zip(RUNGS, JUDGES, strict=True), 1):
         if any(case not in results for case in cases):  # did not finish: how the launch ended
-            hint = waiting_rank(run)
+            hint = waiting_rank(run, learner.path)
             try:
                 hint = hint or raise_if_stopped(run, learner, exercise.advice) or ""
             except ExerciseError as e:

@@ -9,9 +9,9 @@ gradient in ``unit.full.grad``. Right after each call the case looks at what the
 (memory behind ``unit.full``, every rank's place in it, ``unit.full.grad``, ``unit.shard.grad``,
 the bytes it sent) and stops with a ``CaseFinding`` that says what is wrong. A gather started
 with ``async_op=True`` is waited on first if its handle is in ``unit.pending``, as the module
-waits before it computes; one whose handle was kept nowhere and never waited on is a finding. Each rank trains on
-its own batches with SGD with momentum over the shards. On 3 and 4 processes a case runs on a
-group of ranks [1, 2] or [1, 3].
+waits before it computes; one whose handle was kept nowhere and never waited on is a finding.
+Each rank trains on its own batches with SGD with momentum over the shards. On 3 and 4
+processes a case runs on a group of ranks [1, 2] or [1, 3].
 
 Kernel side: ``reference`` is plain data parallelism (the mean gradient, an unsharded model).
 """

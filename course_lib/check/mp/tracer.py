@@ -8,9 +8,9 @@ with wrappers. While a case runs (``with tracer.watching(case, members) as log``
   ``status{R}.json`` in the run folder ({"op": "send", "peer": 1, "line": 9, "open": [the
   isend/irecv handles it has not waited on yet], ...}), so that the checker can name who
   waited on whom, and who had started which message, even when the rank is stopped;
-- write a collective there too ({"op": "broadcast", "line": 17}), and in every status how
-  often this rank called each collective in the case ("collectives"): a rank that called
-  one less often than its peers leaves them waiting;
+- write a collective there too ({"op": "broadcast", "line": 17, "root": "src=0"}), and in
+  every status how often this rank called each collective in the case ("collectives"): a
+  rank that called one less often than its peers leaves them waiting;
 - count the bytes and messages this rank sends, note every collective and library call (with
   the dtype and size of the tensor it was handed), and hand out ``isend``/``irecv`` handles,
   and those of collectives started with ``async_op=True``, that remember whether they were
@@ -56,6 +56,7 @@ LIBRARY_MODULE = "course_lib.core.collectives"
 LIBRARY = ("naive_all_reduce", "ring_all_reduce", "recursive_doubling_all_reduce",
            "ring_reduce_scatter", "ring_all_gather")
 ALL_REDUCES = frozenset(("all_reduce", *(n for n in LIBRARY if n.endswith("all_reduce"))))
+ROOTS = ("src", "dst", "group_src", "group_dst")  # the keywords that name a collective's root
 DRAIN_S = 3.0  # after a case, handles the learner never waited on get this long to finish
 
 
@@ -267,15 +268,17 @@ class Tracer:
                 finally:
                     self.inside = None
             self._check_group(original, args, kwargs)
-            started = False
             try:
-                started = bool(self._bound(original, args, kwargs).get("async_op"))
-                if not started:
-                    self.log.blocking.append(original.__name__)
+                bound = self._bound(original, args, kwargs)
             except TypeError:
-                pass  # torch reports a wrong call itself
-            line = self.learner_line()
-            self.status(op=original.__name__, line=line)  # it may wait: say so
+                bound = {}  # torch reports a wrong call itself
+            else:
+                if not bound.get("async_op"):
+                    self.log.blocking.append(original.__name__)
+            started, line = bool(bound.get("async_op")), self.learner_line()
+            roots = [f"{w}={bound[w]}" for w in ROOTS if bound.get(w) is not None]
+            self.status(op=original.__name__, line=line,  # it may wait: say so, and its root
+                        **({"root": roots[0]} if roots else {}))
             result = original(*args, **kwargs)  # a timeout leaves the status as it is
             self.status(op=None)
             if started and result is not None:  # a handle: remember whether it is waited on
