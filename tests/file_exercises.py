@@ -820,7 +820,13 @@ MY_ZERO2 = Exercise(nb10b.my_zero2, "my_zero2.py", reference_size=4, right={
                                             "        piece.grad += mean\n")],
                               "after your hook, rank 0's piece.grad is None"),
     "only rank 0 reduce-scatters": Wrong([(REDUCE_BUCKET, "    if rank == 0:\n    " +
-                                           REDUCE_BUCKET)], "never posted the matching")},
+                                           REDUCE_BUCKET)], "never posted the matching"),
+    "zero2.reduced moved on twice": Wrong([(LAUNCH_NEXT, LAUNCH_NEXT + "        zero2.reduced += 1"
+                                                         "\n")],
+                                          "moves zero2.reduced on by itself", shared=True),
+    "a bucket from torch.empty_like": Wrong([(NEW_BUCKET, NEW_BUCKET.replace("zeros_like",
+                                                                             "empty_like"))],
+                                            "values that no gradient put there", shared=True)},
     library={
     "the course's hook": Wrong([("from course_lib.core.collectives import ring_reduce_scatter\n",
                                  "from course_lib.core.collectives import ring_reduce_scatter\n"

@@ -19,6 +19,8 @@ whole torch optimizer), computed from the same seeds.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -101,23 +103,43 @@ def chunk_taken(added: torch.Tensor, grads: torch.Tensor, n: int) -> int | None:
                                                        rtol=1e-12, atol=0)), None)
 
 
+@contextmanager
+def uninitialized_as_nan():
+    """Memory that torch.empty (empty_like, new_empty, ...) hands out holds NaN meanwhile, not
+    whatever was there before: a slot the learner's code never fills shows, every run."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)  # fills uninitialized memory
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 class CaseZero2(Zero2):
     """``Zero2`` whose hook on every parameter is the learner's ``gradient_ready``; it keeps
-    each gradient as the hook got it, and whether the hook freed ``.grad``."""
+    each gradient as the hook got it, whether the hook freed ``.grad``, and whether it moved
+    ``zero2.reduced`` on past the buckets it sent."""
 
     learner = None  # the learner's module (set before building)
 
     def __init__(self, model: nn.Module, *args, **kwargs):
         self.came = {}  # parameter -> its gradient (numel,) since its bucket last left
         self.kept_grad, self.at_end = None, False  # a .grad the hook did not free; in the end?
+        self.moved_on = None  # (moved on by, buckets sent) in the first call that skipped
         super().__init__(model.parameters(), *args, **kwargs)
         self.label = {p: f"parameter {name}" for name, p in model.named_parameters()}
 
     def gradient_ready(self, param: nn.Parameter) -> None:
         self.came[param] = param.grad.detach().reshape(-1).clone()
-        self.learner.gradient_ready(self, param)
+        reduced, calls = self.reduced, len(self.bucket_hook.calls)
+        with uninitialized_as_nan():
+            self.learner.gradient_ready(self, param)
         if param.grad is not None and self.kept_grad is None:
             self.kept_grad = self.label[param]
+        sent = len(self.bucket_hook.calls) - calls  # buckets this call sent
+        if self.reduced - reduced > sent and self.moved_on is None:  # moved past, never sent
+            self.moved_on = (self.reduced - reduced, sent)
 
     def end_of_backward(self) -> None:
         self.at_end = True  # the buckets this backward left, reduced by the library
@@ -143,10 +165,16 @@ class HookLog:
         lost = [z.label[p] for p, start in zip(bucket.params, bucket.offsets, strict=True)
                 if p in z.came and not torch.equal(grads[start:start + p.numel()], z.came[p])]
         missing = sum(p not in z.came for p in bucket.params)
+        unfilled = torch.ones(grads.numel(), dtype=torch.bool)  # where no gradient was put
+        for p, start in zip(bucket.params, bucket.offsets, strict=True):
+            if p in z.came:
+                unfilled[start:start + p.numel()] = False
+        stray = grads.detach()[unfilled & (grads.detach() != 0)]  # NaN != 0 too
         for p in bucket.params:
             z.came.pop(p, None)
         return {"backward": self.backward, "bucket": index, "missing": missing,
-                "of": len(bucket.params), "at_end": z.at_end, "lost": lost[:1]}
+                "of": len(bucket.params), "at_end": z.at_end, "lost": lost[:1],
+                "stray": float(stray[0]) if stray.numel() else None}
 
     def __call__(self, grads: torch.Tensor, piece: nn.Parameter, group) -> None:
         left = self.which(grads, piece)
@@ -191,7 +219,7 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
             after.append(cases.flat_parameters(model))
     return {"after": after, "hooks": hook.calls, "backwards": hook.backward,
             "buckets": [len(b.params) for b in optimizer.buckets],
-            "kept_grad": optimizer.kept_grad, **log.summary()}
+            "kept_grad": optimizer.kept_grad, "moved_on": optimizer.moved_on, **log.summary()}
 
 
 # ---- the judge (in the kernel) --------------------------------------------------------------
@@ -211,11 +239,26 @@ def judge_gradient_hook(s: dict, who: str) -> None:
                                  f"the gradient of {''.join(call['lost'])} in its slot: every "
                                  "gradient of a bucket must stay in the bucket's buffer, at "
                                  "its offset, until the bucket leaves")
+        stray = call["stray"]
+        expect(stray is None,
+               f"bucket {call['bucket']} went to the reduce-scatter with values that no "
+               "gradient put there, in the padding or in the slot of a parameter whose "
+               "gradient had not come (" + ("NaN: the checker fills the memory torch.empty and "
+                                            "empty_like hand out with NaN, so that it shows"
+                                            if stray != stray else f"{stray}") +
+               "). A slot no gradient filled must hold zeros, which add nothing to the sum: "
+               "the bucket's buffer starts as zeros")
 
 
 def judge_launches(s: dict, who: str) -> None:
     """Each backward: every bucket reduce-scattered once, in order, each from the learner's
     hook as soon as it and every bucket before it are complete."""
+    if s["moved_on"]:
+        moved, sent = s["moved_on"]
+        expect(False, f"one call of your gradient_ready moved zero2.reduced on by {moved} "
+                      f"but sent {sent} bucket{'s' if sent != 1 else ''}: "
+                      "zero2.reduce_scatter(bucket) moves zero2.reduced on by itself, so "
+                      "moving it on again skips the next bucket")
     for k in range(s["backwards"]):
         calls = [c for c in s["hooks"] if c["backward"] == k]
         when = f"in the {ordinal(k + 1)} backward"
