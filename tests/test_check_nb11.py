@@ -154,7 +154,7 @@ def test_a_plan_over_both_caps_names_both():
 
 
 @pytest.mark.parametrize("plan, words", [
-    (Plan(8, 2, 4, 64, 1), "= 64, but the recipe"),
+    (Plan(8, 2, 4, 64, 1), "4 processes x 2 accumulation steps x 8 examples = 64, but"),
     (Plan(4, 1, 8, 64, 1), "the machine runs at most 4"),
     (Plan(0, 1, 4, 64, 1), "micro_batch must be a whole number"),
     (Plan(8, 1, 4, "64", 1), "bucket_kib must be a number"),
@@ -169,3 +169,31 @@ def test_plans_that_change_the_run_are_refused(plan, words):
 def test_something_else_than_a_plan_is_refused():
     assert "return a Plan(micro_batch, accum_steps, nproc, bucket_kib, zero_stage)" in \
         rejection((8, 1, 4))
+
+
+def test_a_slower_plan_passes_without_the_course_plan_and_the_fastest_shows_it(monkeypatch,
+                                                                             capsys):
+    """A plan that fits but is slower passes; the course's answer stays hidden until the
+    learner finds one as fast (a student copy shows it beside theirs after a pass)."""
+    from course_lib.check import checker
+    shown = []
+    monkeypatch.setattr(checker, "show_beside", lambda exercise_id, answer: shown.append(answer))
+    assert "shown once yours is as fast" in passed(Plan(8, 1, 4, zero_stage=1), capsys)
+    assert shown == []
+    passed(fastest(), capsys)
+    assert len(shown) == 1
+
+
+@pytest.mark.parametrize("search", [budget.fastest_plan, budget.fitting_plans, budget.every_plan,
+                                    budget.splits_that_fit])
+def test_a_plan_taken_from_the_courses_search_is_refused(search):
+    def my_plan():
+        found = search(Budget())  # a plan, a list or tuple of plans, or {split: plans}
+        found = next(iter(found.values())) if isinstance(found, dict) else found
+        return found if isinstance(found, Plan) else found[0]
+    hint = shown_report(nb11.capstone_budget, my_plan, capstone, budget)
+    assert f"your my_plan calls budget.{search.__name__}, which tries every plan" in hint
+
+
+def test_zero_on_one_process_is_refused():
+    assert "zero_stage=2 on one process" in rejection(Plan(32, 1, 1, 64, 2))

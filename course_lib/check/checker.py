@@ -5,7 +5,8 @@ raises ``ExerciseError`` (through ``expect``) when the answer is wrong. The deco
 what happens into what the learner sees:
 
 - right: it prints ``Exercise N.M: correct.`` and returns None (in a student copy it then shows
-  the learner's answer beside the course's, ``reference.show_beside``);
+  the learner's answer beside the course's, ``reference.show_beside``, unless the checker
+  returned ``KEEP_HIDDEN``: a right answer with a better one still to find);
 - ``NotImplementedError`` (the open exercise's marked line): it prints the "not done yet" line;
 - ``ExerciseError``: the cell fails and shows the hint in red, a few lines, no checker code;
 - any other error: if the learner's code raised it, the cell shows the learner's line and the
@@ -90,6 +91,7 @@ def passed_line(exercise_id: str) -> str:
     return f"Exercise {exercise_id}: correct."
 
 
+KEEP_HIDDEN = "keep the course's answer hidden"  # a checker's return: passed, not yet shown
 AS_GIVEN = "the code as given"  # a NotImplementedError's message: the given code, untouched
 
 
@@ -118,7 +120,7 @@ def exercise(exercise_id: str, nudge: str | None = None, pointer: str | None = N
         @functools.wraps(checker)
         def run(*args, **kwargs) -> None:
             try:
-                checker(*args, **kwargs)
+                shown = checker(*args, **kwargs)
             except NotImplementedError as error:
                 print(not_done_line(exercise_id, as_given=str(error) == AS_GIVEN))
                 return
@@ -129,7 +131,7 @@ def exercise(exercise_id: str, nudge: str | None = None, pointer: str | None = N
                 raise as_exercise_error(error, exercise_id) from error
             print(passed_line(exercise_id))
             unlock(exercise_id)  # the library's code of this exercise may show in full now
-            if args:
+            if args and shown is not KEEP_HIDDEN:
                 show_beside(exercise_id, args[0])
 
         run.exercise_id = exercise_id

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from course_lib.check.cases import capstone
 from course_lib.check.cases.capstone import RUNGS  # noqa: F401 - notebook 11 prints them
-from course_lib.check.checker import exercise, expect
+from course_lib.check.checker import KEEP_HIDDEN, exercise, expect
+from course_lib.check.own_work import call_own
 from course_lib.lessons import budget
 
 
@@ -21,11 +22,17 @@ def capstone_trainer(path: str = capstone.EXERCISE.file, world_sizes=(2,)) -> No
     capstone.check(capstone.EXERCISE, path, world_sizes)
 
 
+SEARCHES = (budget.fastest_plan, budget.fitting_plans, budget.splits_that_fit, budget.every_plan)
+
+
 @exercise("11.2")
-def capstone_budget(my_plan, challenge: budget.Budget | None = None) -> None:
-    """``my_plan()`` returns a ``budget.Plan``; it must keep the recipe and fit both caps."""
+def capstone_budget(my_plan, challenge: budget.Budget | None = None) -> bool | None:
+    """``my_plan()`` returns a ``budget.Plan``; it must keep the recipe and fit both caps. A plan
+    that fits but is slower than the fastest passes, without showing the course's plan."""
     challenge = challenge or budget.Budget()
-    plan = my_plan()
+    plan = call_own(my_plan, library=SEARCHES, hint=(
+        "your my_plan calls budget.{name}, which tries every plan for you: the exercise is to "
+        "choose the five values yourself, from what describe and verdict say of your tries"))
     expect(isinstance(plan, budget.Plan), f"return a Plan(micro_batch, accum_steps, nproc, "
                                           f"bucket_kib, zero_stage), not {plan!r}")
     problems = budget.verdict(plan, challenge)
@@ -36,6 +43,7 @@ def capstone_budget(my_plan, challenge: budget.Budget | None = None) -> None:
     seconds, fastest = (budget.run_seconds(p, challenge) for p in (plan, best))
     if seconds <= fastest + 1e-9:
         print("of every plan that fits, none is faster (every plan was tried)")
-    else:
-        print(f"the fastest plan that fits takes {fastest:.3f} s, yours {seconds:.3f} s "
-              "(every plan was tried)")
+        return None
+    print(f"the fastest plan that fits takes {fastest:.3f} s, yours {seconds:.3f} s (every "
+          "plan was tried); the course's plan is shown once yours is as fast")
+    return KEEP_HIDDEN

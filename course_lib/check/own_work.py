@@ -37,7 +37,10 @@ def short_name(function: Callable) -> str:
 @contextlib.contextmanager
 def watching(functions: Iterable[Callable]):
     """Inside the block, note each of ``functions`` that is entered (a list, in order)."""
+    functions = list(functions)
     codes = {inspect.unwrap(f).__code__: f for f in functions}  # decorated ones too
+    cached = [f for f in functions if hasattr(f, "cache_info")]  # a cache hit runs no code:
+    calls = [_cache_calls(f) for f in cached]                    # its counters tell
     entered: list[Callable] = []
 
     def profile(frame, event, arg):
@@ -50,6 +53,13 @@ def watching(functions: Iterable[Callable]):
         yield entered
     finally:
         sys.setprofile(previous)
+        entered += [f for f, before in zip(cached, calls) if _cache_calls(f) > before
+                    and f not in entered]
+
+
+def _cache_calls(function) -> int:
+    info = function.cache_info()
+    return info.hits + info.misses
 
 
 def call_own(function: Callable, *args, library: Iterable[Callable],

@@ -167,9 +167,15 @@ def rule_problems(plan: Plan, budget: Budget) -> list[str]:
     if problems:
         return problems
     if plan.global_batch != budget.global_batch:
-        problems.append(f"global batch {plan.nproc} x {plan.accum_steps} x {plan.micro_batch}"
-                        f" = {plan.global_batch}, but the recipe that reaches the target "
-                        f"loss uses {budget.global_batch}: another global batch is another run")
+        problems.append(f"global batch: {plan.nproc} process{'es' * (plan.nproc > 1)} x "
+                        f"{plan.accum_steps} accumulation step{'s' * (plan.accum_steps > 1)} "
+                        f"x {plan.micro_batch} example{'s' * (plan.micro_batch > 1)} = "
+                        f"{plan.global_batch}, but the recipe that reaches the target loss "
+                        f"uses {budget.global_batch}: another global batch is another run")
+    if plan.nproc == 1 and plan.zero_stage:
+        problems.append(f"zero_stage={plan.zero_stage} on one process: ZeRO divides parts "
+                        "among processes, and one process has no one to share them with; "
+                        "use zero_stage=0 with nproc=1, or more processes")
     if plan.nproc > budget.machine.max_nproc:
         problems.append(f"{plan.nproc} processes, but the machine runs at most "
                         f"{budget.machine.max_nproc}")
@@ -191,8 +197,8 @@ def describe(plan: Plan, budget: Budget) -> list[str]:
     return [f"memory: {total:.0f} KiB per process (cap {budget.memory_cap_kib:.0f}): "
             f"{_parts(kib, 'KiB')}",
             f"time: {run_seconds(plan, budget):.2f} s for {budget.steps} steps (cap "
-            f"{budget.time_cap_s:.2f} s): compute {compute_s:.2f} s, communication "
-            f"compute does not hide {exposed_s:.2f} s"]
+            f"{budget.time_cap_s:.2f} s): compute {compute_s:.2f} s, communication not "
+            f"hidden by compute {exposed_s:.2f} s"]
 
 
 SYNC_WHY = {"buckets": "DDP's copy of every gradient",
@@ -238,7 +244,7 @@ def time_problem(plan: Plan, budget: Budget) -> str | None:
     head = (f"time: {seconds:.2f} s for {budget.steps} steps, {seconds - cap:.2f} s over the "
             f"{cap:.2f} s cap: compute {compute_s:.2f} s ("
             f"{_micro_steps(plan.accum_steps, plan.micro_batch)} a step, then the optimizer), "
-            f"communication compute does not hide {exposed_s:.2f} s")
+            f"communication not hidden by compute {exposed_s:.2f} s")
     if compute_s > cap:
         return head + "; the compute alone is over the cap"
     return head + "; the compute fits, the communication it does not hide takes it over"
