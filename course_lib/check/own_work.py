@@ -53,7 +53,7 @@ def watching(functions: Iterable[Callable]):
         yield entered
     finally:
         sys.setprofile(previous)
-        entered += [f for f, before in zip(cached, calls) if _cache_calls(f) > before
+        entered += [f for f, before in zip(cached, calls, strict=True) if _cache_calls(f) > before
                     and f not in entered]
 
 
