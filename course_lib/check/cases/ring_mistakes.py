@@ -9,8 +9,9 @@ and stores what arrives in chunk (r - s - ag_keep), all mod N. The course's ring
 results with the mean, a ring without its all-gather, one whose receivers replace where they
 should add (or add where they should replace), and every wrong set of indices, with the
 chunks cut the larger first (``torch.tensor_split``, ``chunk_bounds``) or the larger last.
-``library_call`` reads, before any launch, whether ``ring_all_reduce`` calls a collective or
-the library's own all-reduce (the tracer still catches a call made by way of a helper).
+``REFUSED`` names what a ring is built without: 6.3's checker reads, before any launch,
+whether ``ring_all_reduce`` calls one of them (the tracer still catches a call made by way of
+a helper).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import itertools
 import torch
 
 from course_lib.check.mp.tracer import COLLECTIVES, LIBRARY, LIBRARY_MODULE
-from course_lib.check.own_work import refused_use
 from course_lib.core.collectives import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
 from course_lib.lessons import ring_viz
 
@@ -180,10 +180,3 @@ def mistake_hint(mistake: tuple, n: int) -> str:
 REFUSED = (*(f"torch.distributed.{name}" for name in COLLECTIVES),
            *(f"{LIBRARY_MODULE}.{name}" for name in LIBRARY))  # what a ring is built without
 
-
-def library_call(path: str, function: str = "ring_all_reduce") -> str | None:
-    """"dist.all_reduce (line 12)", "the library's ring_all_reduce (line 9)"...: the first
-    collective or library all-reduce that ``function``'s own code in the file at ``path``
-    calls (``own_work.refused_use``); None if none."""
-    found = refused_use(path, dict.fromkeys(REFUSED, ""), (function,))
-    return f"{found[0]} (line {found[1]})" if found else None
