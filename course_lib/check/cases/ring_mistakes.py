@@ -179,4 +179,3 @@ def mistake_hint(mistake: tuple, n: int) -> str:
 
 REFUSED = (*(f"torch.distributed.{name}" for name in COLLECTIVES),
            *(f"{LIBRARY_MODULE}.{name}" for name in LIBRARY))  # what a ring is built without
-
