@@ -207,3 +207,15 @@ def test_every_notebook_is_collected():
     assert "00_start_here.ipynb" in names and len(names) >= 13
     assert "06b_cost_model_and_fast_ring.ipynb" in names  # NN*_: a letter after the number too
     assert all(name[:2].isdigit() for name in names)
+
+
+@pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_exercise_cell_imports_the_check_it_calls(source):
+    """A learner reruns one exercise cell after a restart: it must not need an earlier one."""
+    cells = nbformat.read(source, as_version=4).cells
+    for index, cell in enumerate(c for c in cells if c.cell_type == "code"):
+        called = {".".join(word.split("(")[0].split(".")[:2]) for word in cell.source.split()
+                  if word.startswith("check.nb")}  # check.nb07.scale_loss(... -> check.nb07
+        for name in called:
+            assert f"import course_lib.{name}" in cell.source, f"code cell {index} calls {name}"
+            assert "from course_lib import check" in cell.source, f"code cell {index}"
