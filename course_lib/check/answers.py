@@ -1,18 +1,25 @@
 """Helpers for checkers: call the learner's function, check the kind of value it returned.
 
     got = call(my_weights, [4, 4, 2])  # an error in my_weights shows the learner's line
-    expect_type(got, (list, tuple), "return a list of weights, one per micro-batch")
+    got = [as_number(w, "each weight is one number") for w in as_numbers(got, "return ...")]
     expect_tensor_with_grad(loss, "return the loss to call backward on")
 
 Each raises ``ExerciseError`` (or ``LearnerCodeError``) with a message that says what was
 expected and what came back, so a wrong kind of answer never crashes inside the checker.
+A number is any real number Python knows (int, float, numpy's scalars, a Fraction; not
+True/False) or a tensor or array holding one; numbers in order are a list, a tuple, an
+iterator or a 1-D tensor or array.
 """
 
 from __future__ import annotations
 
+import numbers
+import operator
 import os
 import reprlib
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 
 from course_lib.check.checker import ExerciseError, LearnerCodeError, expect
@@ -29,6 +36,8 @@ def describe(value) -> str:
     if isinstance(value, torch.Tensor):
         grad = " with a gradient path" if value.requires_grad else ""
         return f"a tensor of shape {tuple(value.shape)}{grad}"
+    if isinstance(value, np.ndarray):
+        return f"a numpy array of shape {value.shape}"
     if isinstance(value, torch.nn.Module):
         return f"a {type(value).__name__} module"
     if isinstance(value, (list, tuple, dict, set)):
@@ -83,6 +92,74 @@ def expect_type(value, types: type | tuple[type, ...], what: str) -> None:
     is_bool = isinstance(value, bool) and bool not in types
     if not isinstance(value, types) or is_bool:
         raise ExerciseError(f"{what}; your code returned {describe(value)}")
+
+
+def _one_element(value):
+    """A tensor or numpy array of one element as the Python number it holds; else ``value``."""
+    one = (isinstance(value, torch.Tensor) and value.numel() == 1
+           or isinstance(value, np.ndarray) and value.size == 1)
+    return value.item() if one else value
+
+
+def as_number(value, what: str) -> float:
+    """``value`` as a float when it is one real number (see the module docstring); else
+    ``ExerciseError``: ``what`` says what to return."""
+    value = _one_element(value)
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ExerciseError(f"{what}; your code returned {describe(value)}")
+    return float(value)
+
+
+def as_whole_number(value, what: str) -> int:
+    """``value`` as an int when it is one whole number: an int, a numpy integer or an integer
+    tensor or array of one element (not a float, not True/False); else ``ExerciseError``."""
+    value = _one_element(value)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ExerciseError(f"{what}; your code returned {describe(value)}")
+    return operator.index(value)
+
+
+def as_numbers(value, what: str) -> list:
+    """``value``'s items, in order, when it holds them in order: a list, tuple or range, an
+    iterator (``map``, a generator) or a 1-D tensor or numpy array; else ``ExerciseError``.
+    The items are left as they are: ``as_number`` checks each."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 1:
+        return value.tolist()
+    if isinstance(value, (list, tuple, range, Iterator)):
+        return list(value)
+    raise ExerciseError(f"{what}; your code returned {describe(value)}")
+
+
+def expect_raises(run: Callable[[], object], kind: type[Exception], when: str,
+                  returned: str) -> None:
+    """``run()``, a call of the learner's code (through ``call`` or ``call_own``) on input the
+    exercise asks to refuse, must raise ``kind``. Another error is shown with the learner's
+    line and the hint "``when``: the exercise asks for a ValueError here"; a value returned
+    gives the report ``returned``, "{got}" in it standing for what came back."""
+    try:
+        got = run()
+    except LearnerCodeError as raised:
+        if isinstance(raised.error, kind):
+            return
+        raise LearnerCodeError(raised.error, raised.during,
+                               hint=f"{when}: the exercise asks for a {kind.__name__} here, "
+                                    f"not a {type(raised.error).__name__}") from raised.error
+    raise ExerciseError(returned.replace("{got}", describe(got)))
+
+
+def expect_full_precision(got: torch.Tensor, want: torch.Tensor, keep: str,
+                          rtol: float = 1e-9, atol: float = 1e-12) -> None:
+    """``ExerciseError`` when ``got`` is not ``want`` (float64) to ``rtol`` and ``atol``, the
+    checker's own tolerance, but is to float32's precision: the hint names the cause, float32
+    somewhere, and ``keep`` says what to keep ("w's dtype")."""
+    if close(got, want, rtol, atol) or not close(got, want, rtol=1e-4, atol=1e-6):
+        return  # right, or wrong by more than float32's rounding: another hint's business
+    where = ("your result is float32" if got.dtype == torch.float32 else
+             "some step of your computation runs in float32")
+    raise ExerciseError(f"right to float32's precision only: {where}, while the inputs are "
+                        "float64 and the check asks for float64's precision. A tensor made "
+                        "without a dtype (torch.zeros(n), torch.tensor of Python floats) is "
+                        f"float32, as is .float(): keep {keep}")
 
 
 def expect_tensor_with_grad(value, what: str) -> None:

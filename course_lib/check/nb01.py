@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from course_lib.check.answers import expect_type
+from course_lib.check.answers import as_number, expect_full_precision, expect_type
 from course_lib.check.checker import exercise, expect
 from course_lib.check.own_work import call_own
 from course_lib.lessons import gradients
@@ -19,7 +19,6 @@ _CASES = [
     (math.exp, math.exp, -0.4),
     (lambda x: 1 / (1 + math.exp(-x)), lambda x: math.exp(-x) / (1 + math.exp(-x)) ** 2, 2.0),
 ]
-NUMBER = (float, int)
 AUTOGRAD = [torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward]
 BY_HAND = ("your code asks autograd for the gradient: the exercise is to write it from the "
            "formula you derive by hand, with plain tensor operations")
@@ -30,10 +29,9 @@ def central_difference(my_central_difference) -> None:
     """``my_central_difference(f, x, eps)`` must approximate f'(x) to O(eps^2)."""
     eps = 1e-4
     for f, exact, x in _CASES:
-        got = call_own(my_central_difference, f, x, eps, library=[gradients.finite_difference])
-        if torch.is_tensor(got) and got.numel() == 1:
-            got = got.item()
-        expect_type(got, NUMBER, "return one number, the estimate of f'(x)")
+        got = as_number(call_own(my_central_difference, f, x, eps,
+                                 library=[gradients.finite_difference]),
+                        "return one number, the estimate of f'(x)")
         want = exact(x)
         near = abs(want) * 1e-3  # room for an O(eps) error, not for a wrong formula
         expect(abs(got - 2 * want) > near, "your result is twice the slope: look at how far "
@@ -64,11 +62,12 @@ def logistic_gradient(my_logistic_grad) -> None:
         expect(got.shape == want.shape,
                f"return a tensor of shape {tuple(want.shape)} (one entry per weight), not "
                f"{tuple(got.shape)}")
-        got = got.detach().double()
+        raw, got = got.detach(), got.detach().double()
         expect(not torch.allclose(got, -want, rtol=1e-6),
                "the sign is flipped: check the order in the error term, prediction against label")
         expect(not torch.allclose(got, want * n, rtol=1e-6),
                f"your gradient is {n} times too large: the loss is a mean over the examples")
+        expect_full_precision(raw, want, "w's dtype")
         expect(torch.allclose(got, want, rtol=1e-9, atol=1e-12),
                "not the gradient of the mean logistic loss: check each factor of the chain "
                "rule (the sigmoid's derivative, the logit's derivative in w) and the mean")
@@ -88,7 +87,11 @@ def per_example(my_per_example_grads) -> None:
     expect(got.shape == want.shape,
            f"return one flat gradient per example: a tensor of shape {tuple(want.shape)}, "
            f"not {tuple(got.shape)}")
+    expect_full_precision(got.detach(), want, "the model's dtype", rtol=1e-8, atol=1e-10)
     got = got.detach().double()
+    expect(len(got) == 1 or not torch.allclose(got, want[-1].expand_as(want), rtol=1e-6),
+           "every row is the last example's gradient: your rows hold .grad itself, which the "
+           "next backward overwrites in place; keep a copy of each example's gradient")
     expect(not torch.allclose(got, want.cumsum(0), rtol=1e-6),
            "row i holds the sum of the gradients of examples 0..i: .grad keeps adding up "
            "from one backward call to the next, and nothing in your loop clears it")
