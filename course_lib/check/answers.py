@@ -143,7 +143,8 @@ def expect_raises(run: Callable[[], object], kind: type[Exception], when: str,
             return
         raise LearnerCodeError(raised.error, raised.during,
                                hint=f"{when}: the exercise asks for a {kind.__name__} here, "
-                                    f"not a {type(raised.error).__name__}") from raised.error
+                                    f"not the {type(raised.error).__name__} your code raised")\
+            from raised.error
     raise ExerciseError(returned.replace("{got}", describe(got)))
 
 

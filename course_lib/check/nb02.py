@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from fractions import Fraction
 
 import torch
 
-from course_lib.check.answers import expect_type
-from course_lib.check.checker import LearnerCodeError, exercise, expect
+from course_lib.check.answers import as_whole_number, expect_raises
+from course_lib.check.checker import exercise, expect
 from course_lib.check.own_work import call_own
 from course_lib.lessons import memory
 from course_lib.tasks import toy
@@ -30,10 +32,22 @@ def _measured_training_bytes(model, name: str) -> int:
     return measured["parameters"] + measured["gradients"] + measured["optimizer state"] - counters
 
 
-def _training_bytes_hint(got: dict, want: dict, params: int, element: int) -> str:
+def _training_bytes_hint(got: dict, want: dict, model) -> str:
     """What a wrong count of training memory (``got``: optimizer name -> bytes) most likely
     left out or added, judged on all three optimizers together."""
     names = list(got)
+    params = memory.parameter_bytes(model)
+    element = next(model.parameters()).element_size()
+    buffers = sum(memory.tensor_bytes(b) for b in model.buffers())
+    if buffers and all(got[n] > want[n] and (got[n] - want[n]) % buffers == 0 for n in names):
+        return (f"this model has {buffers} bytes of buffers (BatchNorm's running statistics), "
+                "and you count them: buffers are not parameters, so they get no gradient and "
+                "no optimizer state")
+    if got["sgd"] == want["sgd"] and got["momentum"] == want["momentum"] \
+            and 0 < got["adam"] - want["adam"] < params:
+        return (f"adam: {got['adam'] - want['adam']} bytes more than parameters, gradients "
+                "and two copies of state: those are Adam's step counts (one per parameter), "
+                "which this exercise leaves out")
     if all(got[n] * element == want[n] for n in names):
         return ("you count numbers, not bytes: each number takes several bytes, and a tensor "
                 "can tell you how many")
@@ -58,20 +72,19 @@ def _training_bytes_hint(got: dict, want: dict, params: int, element: int) -> st
 def training_bytes(my_training_bytes) -> None:
     """``my_training_bytes(model, optimizer_name)``: parameters + gradients + optimizer state."""
     models = [toy.make_mlp(hidden=16, seed=0),
-              toy.make_mlp(hidden=24, depth=3, seed=1, dtype=torch.float64)]
+              toy.make_mlp(hidden=24, depth=3, seed=1, dtype=torch.float64),
+              toy.make_mlp(hidden=8, norm="batch", seed=2)]  # BatchNorm: buffers too
     for model in models:
-        params = memory.parameter_bytes(model)
-        element = next(model.parameters()).element_size()
         got, want = {}, {}
         for name in _STATE_COPIES:
-            got[name] = call_own(my_training_bytes, model, name, library=_COUNTING,
-                                 hint="your code calls the notebook's memory functions: the "
-                                      "exercise is to count the bytes yourself, from the "
-                                      "parameters' sizes")
-            expect_type(got[name], int, "return a whole number of bytes (an int)")
+            got[name] = as_whole_number(
+                call_own(my_training_bytes, model, name, library=_COUNTING,
+                         hint="your code calls the notebook's memory functions: the exercise "
+                              "is to count the bytes yourself, from the parameters' sizes"),
+                "return a whole number of bytes (an int)")
             want[name] = _measured_training_bytes(model, name)
         if got != want:
-            expect(False, _training_bytes_hint(got, want, params, element))
+            expect(False, _training_bytes_hint(got, want, model))
 
 
 @exercise("2.2")
@@ -80,16 +93,24 @@ def accumulation_plan(my_accum_steps) -> None:
     cases = [(10_000, 2_000, 100, 64),  # room for 80 examples: 1 step
              (10_000, 5_000, 100, 230),  # 50 fit: 5 micro-steps (50, 50, 50, 50, 30)
              (10_000, 2_000, 100, 160),  # exactly 2 full micro-steps
-             (5_050, 5_000, 10, 12)]  # 5 fit: 3 micro-steps
+             (5_050, 5_000, 10, 12),  # 5 fit: 3 micro-steps
+             (10_000, 5_000, 300, 50),  # room for 16.7 examples: 16 fit, 4 micro-steps
+             (10_000, 2_000, 300, 80)]  # 26.7: 26 fit, 4 micro-steps (3 of 27 are too big)
     library = [memory.largest_batch_that_fits, memory.accumulation_steps_needed]
     for budget, fixed, per_example, global_batch in cases:
         largest = math.floor((budget - fixed) / per_example)
         want = math.ceil(global_batch / largest)
-        got = call_own(my_accum_steps, budget, fixed, per_example, global_batch,
-                       library=library)
-        expect_type(got, int, "return a whole number of micro-steps (an int, rounded)")
+        got = as_whole_number(call_own(my_accum_steps, budget, fixed, per_example,
+                                       global_batch, library=library),
+                              "return a whole number of micro-steps (an int, rounded)")
         case = (f"budget {budget}, fixed {fixed}, {per_example} per example, global batch "
                 f"{global_batch}")
+        room = Fraction(budget - fixed, per_example)  # examples' worth of bytes left, exactly
+        micro = math.ceil(global_batch / max(got, 1))  # the largest micro-batch of the plan
+        expect(got != math.ceil(global_batch / room) or got == want,
+               f"{case}: the memory left holds {float(room):.3g} examples' worth of bytes, "
+               f"but a micro-batch holds whole examples: with {got} micro-steps one holds "
+               f"{micro}, {fixed + micro * per_example} bytes in all, over the budget")
         expect(got != math.ceil(global_batch / math.floor(budget / per_example)) or got == want,
                f"{case}: your plan leaves the fixed memory (parameters, gradients, optimizer "
                "state) out; it is in use during every micro-step")
@@ -100,13 +121,10 @@ def accumulation_plan(my_accum_steps) -> None:
                             "examples than fit in the memory left after the fixed part")
         expect(got == want, f"{case}: {got} micro-steps is more than needed: fewer, larger "
                             "micro-batches still fit")
-    try:
-        got = call_own(my_accum_steps, 1_000, 2_000, 10, 64, library=library)
-    except LearnerCodeError as raised:
-        if isinstance(raised.error, ValueError):
-            return  # what the exercise asks for
-        if not isinstance(raised.error, ZeroDivisionError):
-            raise
-        got = "a ZeroDivisionError"
-    expect(False, "with the fixed memory above the budget not even one example fits, yet "
-                  f"your code gave {got}, not a ValueError")
+    for budget, fixed, per_example in ((1_000, 2_000, 10), (5_000, 4_995, 10)):
+        when = (f"budget {budget}, fixed {fixed}, {per_example} per example: not even one "
+                "example fits")
+        run = functools.partial(call_own, my_accum_steps, budget, fixed, per_example, 64,
+                                library=library)
+        expect_raises(run, ValueError, when, f"{when}, yet your code returned {{got}}, not a "
+                                             "ValueError")
