@@ -5,6 +5,9 @@ hint that names their mistake, and only that one, in a short report without chec
 Exercise 3.3 has no "calls the course's own version" case: no course function returns the
 weights (the notebook's pitfalls.uneven_accumulated_grad returns a gradient)."""
 
+from fractions import Fraction
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from check_reports import standard_tests
@@ -28,9 +31,17 @@ def only_first(model, x, y, k):
     (F.cross_entropy(model(x.chunk(k)[0]), y.chunk(k)[0]) / k).backward()
 
 
+def one_short(model, x, y, k):  # k - 1 micro-batches: none at all for k = 1
+    for xm, ym in list(zip(x.chunk(k), y.chunk(k), strict=True))[:k - 1]:
+        (F.cross_entropy(model(xm), ym) / k).backward()
+
+
 def detached(model, x, y, k):
     for xm, ym in zip(x.chunk(k), y.chunk(k), strict=True):
         (F.cross_entropy(model(xm), ym).detach() / k).backward()
+
+
+NO_BACKWARD = "with accum_steps=1 no parameter has a .grad: no backward ran at all"
 
 
 ACCUMULATE_MISTAKES = [
@@ -38,7 +49,12 @@ ACCUMULATE_MISTAKES = [
     (scaled_by(lambda k: 1 / k**2), "3 times too small"),
     (scaled_by(lambda k: 1 / k, zero_inside=True), "only the last micro-batch's share is left"),
     (only_first, "some examples' share is missing or counted twice"),
-    (lambda model, x, y, k: None, "some parameters have no .grad"),
+    (lambda model, x, y, k: None, NO_BACKWARD),
+    (one_short, NO_BACKWARD),
+    (scaled_by(lambda k: 1 / 24), "with accum_steps=1 your gradient points the right way but is "
+                                  "24 times too small: the loss you backward comes to more"),
+    (lambda model, x, y, k: model.net[0].weight.sum().backward(),
+     "some parameters have no .grad: no backward reached them"),
     (detached, "RuntimeError: element 0 of tensors does not require grad"),
     (lambda model, x, y, k: pitfalls.accumulate(model, x, y, k), "calls pitfalls.accumulate"),
 ]
@@ -48,7 +64,8 @@ MEAN_OF_MEANS = "this is a mean of micro-batch means"
 
 
 TOKEN_MISTAKES = [
-    (lambda loss_sum, micro, total, k: loss_sum / total / k, "3 times too small"),
+    (lambda loss_sum, micro, total, k: loss_sum / total / k,
+     "3 times too small: the 3 losses you backward add up to 1/3 of the batch's mean"),
     (lambda loss_sum, micro, total, k: loss_sum / total * k, "3 times too large"),
     (lambda loss_sum, micro, total, k: loss_sum / micro / k, MEAN_OF_MEANS),
     (lambda loss_sum, micro, total, k: loss_sum / micro, "each micro-batch is a mean over its "
@@ -72,11 +89,13 @@ WEIGHT_MISTAKES = [
     (lambda sizes: [n // sum(sizes) for n in sizes], "your weights are all 0"),
     (lambda sizes: [n / sum(sizes) for n in reversed(sizes)], "do not follow the sizes"),
     (lambda sizes: [1.0], "return one weight per micro-batch (3), not 1"),
-    (lambda sizes: {n: n / sum(sizes) for n in sizes}, "return a list of weights, one number "
-                                                       "per micro-batch; your code returned a "
-                                                       "dict"),
-    (lambda sizes: [[n / sum(sizes)] for n in sizes], "each weight should be one number; for "
-                                                      "sizes [4, 4, 2] your list holds a list"),
+    (lambda sizes: {n: n / sum(sizes) for n in sizes}, "one number each (a list, a tuple or a "
+                                                       "1-D tensor); your code returned a dict"),
+    (lambda sizes: [[n / sum(sizes)] for n in sizes], "for sizes [4, 4, 2] each weight should be "
+                                                      "one number; one of yours is a list"),
+    (lambda sizes: np.array(sizes)[:, None] / sum(sizes), "your code returned a numpy array of "
+                                                          "shape (3, 1)"),
+    (lambda sizes: [str(n / sum(sizes)) for n in sizes], "one of yours is the str '0.4'"),
 ]
 
 
@@ -85,5 +104,9 @@ test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answe
                    (token_normalisation, [lambda loss_sum, micro, total, k: loss_sum / total],
                     TOKEN_MISTAKES),
                    (uneven_weights, [lambda sizes: [n / sum(sizes) for n in sizes],
-                                     lambda sizes: torch.tensor(sizes) / sum(sizes)],  # a tensor
+                                     lambda sizes: torch.tensor(sizes) / sum(sizes),  # a tensor
+                                     lambda sizes: np.array(sizes) / sum(sizes),  # numpy's
+                                     lambda sizes: [np.float32(n / sum(sizes)) for n in sizes],
+                                     lambda sizes: [Fraction(n, sum(sizes)) for n in sizes],
+                                     lambda sizes: map(lambda n: n / sum(sizes), sizes)],
                     WEIGHT_MISTAKES, ("n_j / N", "sum(sizes)")))  # no formula given away

@@ -101,12 +101,12 @@ def _one_element(value):
     return value.item() if one else value
 
 
-def as_number(value, what: str) -> float:
+def as_number(value, what: str, returned: str = "your code returned") -> float:
     """``value`` as a float when it is one real number (see the module docstring); else
-    ``ExerciseError``: ``what`` says what to return."""
+    ``ExerciseError``: "``what``; ``returned`` <the value>" ("one of yours is" for an item)."""
     value = _one_element(value)
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ExerciseError(f"{what}; your code returned {describe(value)}")
+        raise ExerciseError(f"{what}; {returned} {describe(value)}")
     return float(value)
 
 

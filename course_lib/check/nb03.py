@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from course_lib.check.answers import call, describe, expect_tensor_with_grad, expect_type
+from course_lib.check.answers import as_number, as_numbers, call, expect_tensor_with_grad
 from course_lib.check.checker import exercise, expect
 from course_lib.check.own_work import call_own
 from course_lib.core import accumulation
@@ -20,6 +20,11 @@ def scale_of(got: torch.Tensor, want: torch.Tensor) -> float | None:
     """c when ``got`` is c x ``want`` (to 1e-6); else None: a gradient off by a factor only."""
     c = float(got.double() @ want.double() / (want.double() @ want.double()))
     return c if gradients.relative_error(got, c * want) <= 1e-6 else None
+
+
+def the_losses(k: int) -> str:
+    """``the 3 losses you backward add up`` (``the loss you backward comes`` for one)."""
+    return "the loss you backward comes" if k == 1 else f"the {k} losses you backward add up"
 
 
 def times(c: float) -> str:
@@ -39,6 +44,9 @@ def accumulate(my_accumulate) -> None:
         last = gradients.batch_grad(model, x.chunk(k)[-1], y.chunk(k)[-1]) / k
         model.zero_grad(set_to_none=True)
         call_own(my_accumulate, model, x, y, k, library=library)
+        expect(any(p.grad is not None for p in model.parameters()),
+               f"with accum_steps={k} no parameter has a .grad: no backward ran at all; "
+               "check that your loop runs once for each of the accum_steps micro-batches")
         expect(all(p.grad is not None for p in model.parameters()),
                "some parameters have no .grad: no backward reached them")
         got = gradients.flat_grad(model)
@@ -49,8 +57,8 @@ def accumulate(my_accumulate) -> None:
                "something clears the gradients between micro-batches")
         c = scale_of(got, want)
         expect(c is None, f"with accum_steps={k} your gradient points the right way but is "
-                          f"{times(c or 1)}: the {k} losses you backward add up to more or "
-                          "less than one mean over the batch")
+                          f"{times(c or 1)}: {the_losses(k)} to more or less than one mean "
+                          "over the batch")
         expect(False, f"with accum_steps={k} .grad is not the big batch's gradient, nor a "
                       "multiple of it: some examples' share is missing or counted twice")
 
@@ -107,8 +115,8 @@ def token_normalisation(my_micro_loss) -> None:
            f"your gradient is {k} times too large: the {k} losses you backward should add up "
            "to ONE mean over all the batch's scored tokens, not to several")
     expect(c is None or abs(c - 1 / k) > 1e-6,
-           f"your gradient is {k} times too small: the {k} losses you backward add up to a "
-           f"{k}th of the batch's mean, so your denominator counts more than the batch's "
+           f"your gradient is {k} times too small: {the_losses(k)} to 1/{k} of the "
+           "batch's mean, so your denominator counts more than the batch's "
            "scored tokens")
     expect(c is None, f"your gradient points the right way but is {times(c or 1)}: the losses "
                       "you backward should add up to the mean over all the batch's scored "
@@ -129,17 +137,13 @@ def token_normalisation(my_micro_loss) -> None:
 def uneven_weights(my_weights) -> None:
     """``my_weights(sizes)``: the factor for each micro-batch's mean loss, e.g. [4, 4, 2]."""
     for sizes in ([4, 4, 2], [8], [5, 5, 5, 1], [3, 3]):
-        got = call(my_weights, list(sizes))
-        if torch.is_tensor(got) and got.dim() == 1:
-            got = got.tolist()
-        expect_type(got, (list, tuple), "return a list of weights, one number per micro-batch")
+        got = as_numbers(call(my_weights, list(sizes)),
+                         "return the weights in micro-batch order, one number each (a list, a "
+                         "tuple or a 1-D tensor)")
         expect(len(got) == len(sizes), f"for sizes {sizes} return one weight per micro-batch "
                                        f"({len(sizes)}), not {len(got)}")
-        got = [w.item() if torch.is_tensor(w) and w.numel() == 1 else w for w in got]
-        odd = [w for w in got if not isinstance(w, (int, float)) or isinstance(w, bool)]
-        expect(not odd, f"each weight should be one number; for sizes {sizes} your list "
-                        f"holds {describe(odd[0]) if odd else ''}")
-        got = [float(w) for w in got]
+        got = [as_number(w, f"for sizes {sizes} each weight should be one number",
+                         returned="one of yours is") for w in got]
         want = [s / sum(sizes) for s in sizes]
         if all(abs(g - w) < 1e-6 for g, w in zip(got, want, strict=True)):  # float32 is fine
             continue
