@@ -327,7 +327,19 @@ MY_DP_STEP = Exercise(nb07.my_dp_step, "my_dp_step.py", right={
     torch.nn.utils.vector_to_parameters(flat, model.parameters())
 """),
         (SCALED_LOSS, "loss = loss_fn(model, batch)  # divided once, after the ring"),
-        ("p.grad /= world_size  #", "p.grad /= world_size * accum_steps  #")])}, wrong={
+        ("p.grad /= world_size  #", "p.grad /= world_size * accum_steps  #")]),
+    "gradients from autograd.grad, summed by hand, then assigned": Right(3, [
+        ("    optimizer.zero_grad()\n" + "    for batch in micro_batches:\n"
+         "        " + SCALED_LOSS + "\n" + BACKWARD + SYNC, """\
+    params = list(model.parameters())
+    sums = [torch.zeros_like(p) for p in params]
+    for batch in micro_batches:
+        for total, g in zip(sums, torch.autograd.grad(loss_fn(model, batch), params)):
+            total += g / accum_steps
+    for p, total in zip(params, sums):
+        ring_all_reduce(total, group)  # a tensor of my own, not .grad
+        p.grad = total / world_size
+""")])}, wrong={
     "the ring's sum, not divided by the world size": Wrong(
         [("        p.grad /= world_size  # the mean: what one process with the whole batch "
           "gets\n", "")], "the gradient is 2 times too large: not divided by the world size",
@@ -363,7 +375,23 @@ MY_DP_STEP = Exercise(nb07.my_dp_step, "my_dp_step.py", right={
                                                "group_src="), 3),
     "the gradients never zeroed": Wrong([("    optimizer.zero_grad()\n", "")],
                                         "step 2 used the gradients of step 1 as well",
-                                        shared=True)}, library={
+                                        shared=True),
+    "the weights averaged after the step": Wrong([(SYNC + "    optimizer.step()\n", """\
+    optimizer.step()
+    with torch.no_grad():
+        for p in model.parameters():  # average the weights instead
+            ring_all_reduce(p, group)
+            p /= world_size
+""")], ("ring_all_reduce ran on the parameters after optimizer.step() (line "
+        "{line:ring_all_reduce(p, group)}), not on the gradients before it",
+        "Average every .grad over the ranks after the last micro-batch"), shared=True),
+    "the world's size": Wrong([("dist.get_world_size(group)", "dist.get_world_size()")],
+                              "the gradients were divided by 3, the size of the whole world, "
+                              "not by 2, the size of the group you were given", 3, shared=True),
+    "the ring handed a copy of each gradient": Wrong(
+        [("ring_all_reduce(p.grad, group)", "ring_all_reduce(p.grad.clone(), group)")],
+        "the tensors ring_all_reduce summed were not the gradients themselves", shared=True,
+        never=("ring_all_reduce(p.grad",))}, library={
     "torch's all_reduce": Wrong([("ring_all_reduce(p.grad, group)",
                                   "dist.all_reduce(p.grad, group=group)")],
                                 "averaged with torch's all_reduce", None),

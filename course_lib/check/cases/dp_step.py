@@ -5,13 +5,16 @@ Rank side: each rank builds a tiny float64 model from its OWN seed (only rank 0'
 to train), calls ``broadcast_parameters``, then takes a few optimizer steps: plain SGD, a mean
 squared error, rank r's K micro-batches cut from the step's global batch as notebook 07 cuts
 them (rank r owns block r). While a step runs, the learner's module-level ``ring_all_reduce``
-is wrapped: every call notes how many micro-batch losses were computed so far and how many
-numbers it reduced. On 3 and 4 processes a case runs on a group of ranks [1, 2] or [1, 3],
+is wrapped: every call notes how many micro-batch losses were computed so far, how many
+numbers it reduced, whether it was handed a .grad, a parameter or another tensor, and whether
+``optimizer.step()`` had run (averaging the weights after the step matches plain SGD only).
+On 3 and 4 processes a case runs on a group of ranks [1, 2] or [1, 3],
 whose rank 0 (the source of the broadcast) is not the world's.
 
 Kernel side: the judge compares rank 0's parameters with one process taking the same steps on
 the whole batch (``reference_parameters``, from the same seeds) and names a known mistake (a
-factor in the gradient, gradients kept from the step before, a sync on every micro-step).
+factor in the gradient, the world's size for the group's, gradients kept from the step
+before, a sync on every micro-step, a ring that summed copies of the gradients).
 """
 
 from __future__ import annotations
@@ -83,28 +86,50 @@ def reference_parameters(spec: dict, world_size: int, loss_scale: float = 1.0,
     return flat_parameters(model)
 
 
-class SyncCounter:
-    """Wraps the learner's ``ring_all_reduce``: (micro-batch losses so far, numbers reduced)."""
+def handed(tensor, model: nn.Module) -> str:
+    """What a tensor given to ring_all_reduce is: "gradient" (a .grad or a view of one),
+    "parameter" (a parameter or a view of one), else "copy" (a new tensor)."""
+    if not isinstance(tensor, torch.Tensor):
+        return "copy"
+    memory = tensor.untyped_storage().data_ptr()
+    for kind, of in (("gradient", lambda p: p.grad), ("parameter", lambda p: p)):
+        if any(of(p) is not None and of(p).untyped_storage().data_ptr() == memory
+               for p in model.parameters()):
+            return kind
+    return "copy"
 
-    def __init__(self, learner):
+
+class SyncCounter:
+    """Wraps the learner's ``ring_all_reduce`` for one step: per call, the micro-batch losses
+    computed so far, the numbers reduced, what the tensor was (``handed``), whether
+    ``optimizer.step()`` had run, and the learner's line."""
+
+    def __init__(self, learner, model: nn.Module, optimizer, tracer: Tracer):
         self.learner, self.original = learner, getattr(learner, "ring_all_reduce", None)
-        self.losses, self.calls = 0, []
+        self.model, self.optimizer, self.tracer = model, optimizer, tracer
+        self.losses, self.calls, self.stepped = 0, [], False
 
     def loss_fn(self, model, batch):
         self.losses += 1
         return mse(model, batch)
 
     def __enter__(self):
+        self.step_hook = self.optimizer.register_step_post_hook(
+            lambda *_: setattr(self, "stepped", True))
         if callable(self.original):
             def counted(tensor, *args, **kwargs):
                 numel = tensor.numel() if isinstance(tensor, torch.Tensor) else 0
-                self.calls.append([self.losses, numel])
+                self.calls.append({"losses": self.losses, "numel": numel,
+                                   "handed": handed(tensor, self.model),
+                                   "after_step": self.stepped,
+                                   "line": self.tracer.learner_line()})
                 return self.original(tensor, *args, **kwargs)
 
             self.learner.ring_all_reduce = counted
         return self
 
     def __exit__(self, *exc):
+        self.step_hook.remove()
         if self.original is not None:
             self.learner.ring_all_reduce = self.original
 
@@ -120,7 +145,7 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
         after_broadcast = tensors(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         for step in range(STEPS):
-            with SyncCounter(learner) as counter:
+            with SyncCounter(learner, model, optimizer, tracer) as counter:
                 learner.data_parallel_step(model, optimizer,
                                            micro_batches(spec, n, rank, step),
                                            counter.loss_fn, group)
@@ -181,15 +206,34 @@ def judge_syncs(summary: dict, k: int) -> None:
             expect("all_reduce" not in summary["collectives"], TORCH_ALL_REDUCE)
             expect(False, f"step {number} never called ring_all_reduce: the ranks' gradients "
                           "were not averaged, each rank stepped with its own")
-        early = [losses for losses, _ in step["syncs"] if losses < k]
+        judge_after_step(step["syncs"])
+        early = [call["losses"] for call in step["syncs"] if call["losses"] < k]
         expect(not early, f"ring_all_reduce ran after micro-batch {(early or [0])[0]} of {k}: "
                           f"a sync on every micro-step sends {k} times the bytes for the same "
                           "result, since the ranks' sum of the accumulated gradients is needed "
                           "once")
-        reduced = sum(numel for _, numel in step["syncs"])
+        reduced = sum(call["numel"] for call in step["syncs"])
         expect(reduced == PARAMETERS, f"step {number} all-reduced {reduced} numbers; the model "
                                       f"has {PARAMETERS} parameters: every gradient must be "
                                       "reduced exactly once")
+
+
+def judge_after_step(syncs: list[dict]) -> None:
+    """No ring_all_reduce after optimizer.step(): the step must use the averaged gradients."""
+    late = next((call for call in syncs if call["after_step"]), None)
+    if late is None:
+        return
+    where = f"line {late['line']}" if late["line"] else "outside your file"
+    expect(late["handed"] != "parameter",
+           f"ring_all_reduce ran on the parameters after optimizer.step() ({where}), not on "
+           "the gradients before it: each rank stepped with its own gradient and the weights "
+           "were averaged afterwards, which gives the same weights as averaging the "
+           "gradients only for a step linear in the gradient, such as plain SGD's (not "
+           "Adam's). Average every .grad over the ranks after the last micro-batch, then call "
+           "optimizer.step()")
+    expect(False, f"ring_all_reduce ran after optimizer.step() ({where}): the step had already "
+                  "used gradients not averaged over the ranks. Average every .grad after the "
+                  "last micro-batch, before optimizer.step()")
 
 
 SCALE_HINTS = {
@@ -204,9 +248,14 @@ SCALE_HINTS = {
 }
 
 
-def name_step_mistake(spec: dict, n: int, got: list) -> None:
-    """Rank 0's parameters are not the reference's: name a known cause, else the symptom."""
-    k = spec["accum_steps"]
+def name_step_mistake(spec: dict, by_rank: dict, world: int) -> None:
+    """Rank 0's parameters are not the reference's: name a known cause, else the symptom
+    (``world``: the processes launched, more than the case's ranks in a group case)."""
+    n, k, got = len(by_rank), spec["accum_steps"], by_rank[0]["params"]
+    expect(n == world or not close(got, reference_parameters(spec, n, n / world)),
+           f"the gradients were divided by {world}, the size of the whole world, not by {n}, "
+           "the size of the group you were given: dist.get_world_size() without the group "
+           "counts every process")
     scales = [("n", n), ("k", k), ("nk", n * k)] if n != k else [("either", n), ("nk", n * k)]
     for key, scale in scales:
         if scale != 1 and not (key == "nk" and 1 in (n, k)):
@@ -215,6 +264,13 @@ def name_step_mistake(spec: dict, n: int, got: list) -> None:
     expect(not close(got, reference_parameters(spec, n, keep_grads=True)),
            "step 2 used the gradients of step 1 as well: backward adds into .grad, and "
            "nothing emptied it between the steps")
+    in_place = any(call["handed"] == "gradient" for step in by_rank[0]["steps"]
+                   for call in step["syncs"])
+    apart = any(by_rank[r]["params"] != got for r in range(1, n))
+    expect(in_place or not apart,
+           "the tensors ring_all_reduce summed were not the gradients themselves (a copy or a "
+           "new tensor), and nothing put the sums back into .grad: each rank stepped with its "
+           "own gradient. The ring adds into the tensor it is handed, in place")
     gap = float((torch.tensor(got) - torch.tensor(reference_parameters(spec, n))).abs().max())
     expect(False, f"after {STEPS} steps rank 0's parameters differ from one process stepping "
                   f"on the whole batch (by up to {gap:.2e}): every step must use the mean "
@@ -226,7 +282,7 @@ def judge(spec: dict, by_rank: dict, run) -> None:
     judge_broadcast(spec, by_rank, n)
     judge_syncs(by_rank[0], spec["accum_steps"])
     if not close(by_rank[0]["params"], reference_parameters(spec, n)):
-        name_step_mistake(spec, n, by_rank[0]["params"])
+        name_step_mistake(spec, by_rank, run.world_size)
     for rank in range(1, n):
         expect(by_rank[rank]["params"] == by_rank[0]["params"],
                f"rank {rank}'s parameters are not rank 0's, bit for bit: every rank must take "
