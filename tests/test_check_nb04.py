@@ -3,8 +3,12 @@ kind, calling the course's replicas.* that the notebook uses, summing, interleav
 wasted warmup step) get the hint that names their mistake, in a short report without checker
 code."""
 
+from fractions import Fraction
+
+import numpy as np
 import torch
 from check_reports import standard_tests
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course_lib.check.nb04 import average_gradients, shard, warmup
 from course_lib.lessons import replicas
@@ -49,6 +53,27 @@ def returns_the_means(replica_list):  # computes the means but does not write th
             for params in by_parameter(replica_list)]
 
 
+def one_shared_mean(replica_list):  # every replica's .grad becomes the same tensor
+    for params in by_parameter(replica_list):
+        mean = torch.stack([p.grad for p in params]).mean(dim=0)
+        for p in params:
+            p.grad = mean
+
+
+def one_flat_buffer(replica_list):  # vector_to_parameters points every .grad into one buffer
+    flats = [parameters_to_vector([p.grad for p in r.parameters()]) for r in replica_list]
+    mean = torch.stack(flats).mean(dim=0)
+    for r in replica_list:
+        vector_to_parameters(mean, [p.grad for p in r.parameters()])
+
+
+def new_grad_tensors(replica_list):  # right values, each in a new tensor of its own
+    for params in by_parameter(replica_list):
+        mean = torch.stack([p.grad for p in params]).mean(dim=0)
+        for p in params:
+            p.grad = mean.clone()
+
+
 def drops_the_last_grads(replica_list):
     right_average(replica_list)
     for p in replica_list[-1].parameters():
@@ -61,8 +86,19 @@ AVERAGE_MISTAKES = [
     (each_its_own_order, "close but not bitwise equal"),
     (returns_the_means, "your function returns a list"),
     (drops_the_last_grads, "replica 2 has parameters without .grad"),
+    (one_shared_mean, "replicas 0 and 1 share one .grad in memory"),
+    (one_flat_buffer, "replicas 0 and 1 share one .grad in memory"),
+    (new_grad_tensors, "replica 0's .grad is a new tensor, not the one backward left"),
     (replicas.average_gradients, "calls replicas.average_gradients, the course's own version"),
 ]
+
+
+def right_in_place_each(replica_list):  # a sum written into each .grad, then scaled
+    for params in by_parameter(replica_list):
+        total = sum(p.grad for p in params)
+        for p in params:
+            p.grad[...] = total
+            p.grad.mul_(1.0 / len(params))
 
 
 def right_shard(x, rank, world):
@@ -70,6 +106,12 @@ def right_shard(x, rank, world):
     if left:
         raise ValueError(f"{len(x)} rows do not split over {world} ranks")
     return x[rank * rows:(rank + 1) * rows]
+
+
+def wrong_error(x, rank, world):
+    if len(x) % world:
+        raise RuntimeError("uneven")
+    return right_shard(x, rank, world)
 
 
 SHARD_MISTAKES = [
@@ -83,6 +125,8 @@ SHARD_MISTAKES = [
     (lambda x, rank, world: right_shard(x, rank, world).tolist(),
      "return the rank's rows as a tensor (a slice of x); your code returned a list"),
     (replicas.shard, "calls replicas.shard, the course's own version"),
+    (wrong_error, "10 rows do not split into 4 equal shards: the exercise asks for a ValueError "
+                  "here, not the RuntimeError your code raised"),
 ]
 
 
@@ -100,6 +144,8 @@ WARMUP_MISTAKES = [
      "the ramp does not rise by equal steps"),
     (lambda step, peak, warm: [peak * min(1.0, (s + 1) / warm) for s in range(step + 1)],
      "return the learning rate of that one step, a number; your code returned a list"),
+    (lambda step, peak, warm: np.float32(peak * min(1.0, step / warm)), "step 0 gets learning "
+                                                                       "rate 0, a wasted step"),
     (lambda step, peak, warm: f"{peak * min(1.0, (step + 1) / warm):.3f}",
      "a number; your code returned the str"),
     (as_library, "calls replicas.warmup_lr, the course's own version"),
@@ -107,7 +153,11 @@ WARMUP_MISTAKES = [
 
 
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
-    standard_tests((average_gradients, [right_average], AVERAGE_MISTAKES),
+    standard_tests((average_gradients, [right_average, right_in_place_each], AVERAGE_MISTAKES),
                    (shard, [right_shard], SHARD_MISTAKES),
-                   (warmup, [lambda step, peak, warm: peak * min(1.0, (step + 1) / warm)],
+                   (warmup, [lambda step, peak, warm: peak * min(1.0, (step + 1) / warm),
+                             lambda step, peak, warm:  # float32 and Fraction rates too
+                             np.float32(peak * min(1.0, (step + 1) / warm)),
+                             lambda step, peak, warm:
+                             Fraction(peak) * min(1, Fraction(step + 1, warm))],
                     WARMUP_MISTAKES, ("(step + 1)", "min(")))  # no formula given away

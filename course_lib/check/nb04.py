@@ -7,8 +7,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from course_lib.check.answers import expect_type
-from course_lib.check.checker import LearnerCodeError, exercise, expect
+from course_lib.check.answers import as_number, expect_raises, expect_type
+from course_lib.check.checker import exercise, expect
 from course_lib.check.own_work import call_own
 from course_lib.lessons import replicas
 from course_lib.tasks import toy
@@ -29,6 +29,17 @@ def _grads(model) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters()]
 
 
+def _shared_grad(replica_list) -> tuple[int, int] | None:
+    """Two replicas (ranks) whose .grad of one parameter lie in the same memory, or None."""
+    for grads in zip(*(_grads(r) for r in replica_list), strict=True):
+        owner = {}  # storage address -> the first rank whose gradient lies there
+        for rank, g in enumerate(grads):
+            other = owner.setdefault(g.untyped_storage().data_ptr(), rank)
+            if other != rank:
+                return other, rank
+    return None
+
+
 def _all_close(got, want) -> bool:
     return all(torch.is_tensor(g) and torch.allclose(g, w, rtol=1e-5, atol=1e-7)
                for g, w in zip(got, want, strict=True))
@@ -40,6 +51,7 @@ def average_gradients(my_average_gradients) -> None:
     ours = _replicas_with_own_grads(world_size=3)
     want = [torch.stack(grads).mean(dim=0)
             for grads in zip(*(_grads(r) for r in ours), strict=True)]
+    before = [_grads(r) for r in ours]  # the tensors backward left: to be changed in place
     result = call_own(my_average_gradients, ours, library=[replicas.average_gradients])
     expect(not _all_close(_grads(ours[0]), [3 * w for w in want]),
            "replica 0 holds the sum of the gradients, not their mean")
@@ -52,6 +64,17 @@ def average_gradients(my_average_gradients) -> None:
         first = "" if rank == 0 else ", though replica 0 does: not every replica gets it"
         expect(_all_close(_grads(replica), want),
                f"replica {rank} does not hold the mean gradient{first}")
+    shared = _shared_grad(ours)
+    if shared:
+        expect(False, f"replicas {shared[0]} and {shared[1]} share one .grad in memory: after "
+                      "zero_grad(set_to_none=False) the next backward of every replica adds "
+                      "into it, so each would hold the sum; give every replica the mean in its "
+                      "own .grad")
+    moved = next((rank for rank, r in enumerate(ours)
+                  if any(g is not b for g, b in zip(_grads(r), before[rank], strict=True))), None)
+    expect(moved is None, f"replica {moved}'s .grad is a new tensor, not the one backward left: "
+                          "the exercise asks for the mean in place, written into each .grad "
+                          "tensor itself")
     expect(all(torch.equal(a, b) for r in ours[1:]
                for a, b in zip(_grads(ours[0]), _grads(r), strict=True)),
            "the replicas' gradients are close but not bitwise equal: each replica's mean "
@@ -79,15 +102,14 @@ def shard(my_shard) -> None:
                f"with {world_size} ranks the shards, in rank order, do not give back the "
                "batch: some rows are missing and others repeated, so a block does not start "
                "where the rank before ends")
-    try:
-        call_own(my_shard, torch.zeros(10, 2), 0, 4, library=[replicas.shard])
-    except LearnerCodeError as raised:
-        if isinstance(raised.error, ValueError):
-            return  # what the exercise asks for
-        raise
-    expect(False, "10 rows do not split into 4 equal shards, yet your function returned a "
-                  "shard, so rows are dropped or repeated where the exercise asks for a "
-                  "ValueError")
+    uneven = "10 rows do not split into 4 equal shards"
+    expect_raises(lambda: call_own(my_shard, torch.zeros(10, 2), 0, 4, library=[replicas.shard]),
+                  ValueError, uneven, f"{uneven}, yet your function returned a shard, so rows are "
+                                      "dropped or repeated where the exercise asks for a "
+                                      "ValueError")
+
+
+TOLERANCE = 1e-6  # of the peak: a rate rounded to float32 is still the rate
 
 
 def _warmup_hint(got: list[float], peak: float, warm: int) -> str:
@@ -96,13 +118,13 @@ def _warmup_hint(got: list[float], peak: float, warm: int) -> str:
     if got[0] <= 0:
         return (f"{where}: step 0 gets learning rate {got[0]:.4g}, a wasted step; the first "
                 "step should already be one step up the ramp")
-    if max(got) > peak * (1 + 1e-12):
+    if max(got) > peak * (1 + TOLERANCE):
         return f"{where}: the rate goes past the peak; after the warmup it stays at the peak"
-    if abs(got[warm - 1] - peak) > 1e-12 * peak:
+    if abs(got[warm - 1] - peak) > TOLERANCE * peak:
         return (f"{where}: at step {warm - 1}, the last warmup step, your rate is "
                 f"{got[warm - 1]:.4g}, not yet the peak; the ramp should end there")
     rises = [b - a for a, b in zip(got[:warm - 1], got[1:warm], strict=True)]
-    if any(abs(r - got[0]) > 1e-12 * peak for r in rises):
+    if any(abs(r - got[0]) > TOLERANCE * peak for r in rises):
         return (f"{where}: the ramp does not rise by equal steps, each as big as the rate "
                 "of step 0")
     return f"{where}: after the warmup the rate should stay at the peak"
@@ -115,11 +137,7 @@ def warmup(my_warmup_lr) -> None:
         got = []
         for step in range(warm + 3):
             rate = call_own(my_warmup_lr, step, peak, warm, library=[replicas.warmup_lr])
-            if torch.is_tensor(rate) and rate.numel() == 1:
-                rate = rate.item()
-            expect_type(rate, (float, int), "return the learning rate of that one step, a "
-                                            "number")
-            got.append(float(rate))
+            got.append(as_number(rate, "return the learning rate of that one step, a number"))
         want = [peak * min(1.0, (step + 1) / warm) for step in range(warm + 3)]
-        expect(all(abs(a - b) <= 1e-12 * peak for a, b in zip(got, want, strict=True)),
+        expect(all(abs(a - b) <= TOLERANCE * peak for a, b in zip(got, want, strict=True)),
                _warmup_hint(got, peak, warm))
