@@ -4,7 +4,9 @@ a launch reports (the launches themselves: test_check_file_exercises.py)."""
 
 import re
 
+import numpy as np
 import pytest
+import torch
 from check_reports import shown_report, standard_tests
 
 from course_lib.check import nb07
@@ -43,6 +45,22 @@ def float_bounds(global_size, rank, k, world_size, accum_steps):
     return slice(start, start + size)
 
 
+def numpy_bounds(global_size, rank, k, world_size, accum_steps):
+    size = np.int64(global_size // (world_size * accum_steps))
+    start = (rank * accum_steps + k) * size
+    return slice(start, start + size)
+
+
+def tensor_bounds(global_size, rank, k, world_size, accum_steps):
+    rows = reference_rows(global_size, rank, k, world_size, accum_steps)
+    return slice(torch.tensor(rows.start), torch.tensor(rows.stop))
+
+
+def float_tensor_bounds(global_size, rank, k, world_size, accum_steps):
+    rows = reference_rows(global_size, rank, k, world_size, accum_steps)
+    return slice(torch.tensor(float(rows.start)), torch.tensor(float(rows.stop)))
+
+
 def library_rows(global_size, rank, k, world_size, accum_steps):
     return micro_batch_slice(global_size, rank, k, world_size, accum_steps)
 
@@ -56,7 +74,10 @@ SHARD_ROWS_MISTAKES = [
     (interleaved, "Rank r owns the contiguous block r"),
     (forgot_accumulation, "cut into world_size x accum_steps equal parts"),
     (lambda g, r, k, n, a: list(range(g))[reference_rows(g, r, k, n, a)], "return a slice"),
-    (float_bounds, "the slice's bounds must be whole numbers (int)"),
+    (float_bounds, "the slice's bounds must be whole numbers (int): / gives a float"),
+    (float_tensor_bounds, "the slice's bounds must be whole numbers (int): / gives a float"),
+    (lambda g, r, k, n, a: slice(str(reference_rows(g, r, k, n, a).start), None),
+     "the slice's bounds must be whole numbers (int): a str is not a whole number"),
     (library_rows, ITSELF),
     (library_through_module, ITSELF),
     (micro_batch_slice, ITSELF),
@@ -75,6 +96,13 @@ SCALE_LOSS_MISTAKES = [
 ]
 
 
+def test_a_loss_just_off_shows_two_different_figures():
+    text = shown_report(scale_loss, lambda s, local, total, n: s * n / total * (1 + 1e-8))
+    expected = text.split("global token mean ")[1].split(",")[0]
+    got = text.split(", got ")[1].split(":")[0]
+    assert expected != got and float(expected) == pytest.approx(float(got), rel=1e-6), text
+
+
 def test_no_hint_gives_the_formula():
     """The hints name the mistake; the factor itself is the exercise."""
     ladder = [hint_text("7.2", rung) for rung in (1, 2)]
@@ -91,6 +119,11 @@ def spec_of(world_size: int, accum_steps: int) -> dict:
                 if s["accum_steps"] == accum_steps)
 
 
+def every_rank(params, world_size: int) -> dict:
+    """What the launch would report: every rank of the case ended with ``params``."""
+    return {rank: {"params": params} for rank in range(world_size)}
+
+
 @pytest.mark.parametrize("world_size, factor, words", [
     (3, 3, "the gradient is 3 times too large: either the ring's sum"),  # N = K = 3
     (2, 6, "the gradient is 6 times too large: not divided by the world size (the ring"),
@@ -99,14 +132,14 @@ def test_a_gradient_too_large_by_a_known_factor_is_named(world_size, factor, wor
     spec = spec_of(world_size, 3)
     got = dp_step.reference_parameters(spec, world_size, factor)
     with pytest.raises(ExerciseError, match=re.escape(words)):
-        dp_step.name_step_mistake(spec, world_size, got)
+        dp_step.name_step_mistake(spec, every_rank(got, world_size), world_size)
 
 
 def test_gradients_kept_from_the_step_before_are_named():
     spec = spec_of(2, 1)
     got = dp_step.reference_parameters(spec, 2, keep_grads=True)
     with pytest.raises(ExerciseError, match="step 2 used the gradients of step 1 as well"):
-        dp_step.name_step_mistake(spec, 2, got)
+        dp_step.name_step_mistake(spec, every_rank(got, 2), 2)
 
 
 def broadcast_summary(collectives: list[str]) -> dict:
@@ -145,6 +178,7 @@ def test_every_rank_in_the_same_broadcast_is_told_the_arguments_disagree():
 
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
     standard_tests((shard_rows, [reference_rows, lambda *a: range(reference_rows(*a).start,
-                                                                  reference_rows(*a).stop)],
+                                                                  reference_rows(*a).stop),
+                                 numpy_bounds, tensor_bounds],
                     SHARD_ROWS_MISTAKES),
                    (scale_loss, [lambda s, local, total, n: s * n / total], SCALE_LOSS_MISTAKES))

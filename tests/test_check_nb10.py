@@ -3,10 +3,18 @@
 
 import math
 
+import numpy as np
+import pytest
 import torch
-from check_reports import standard_tests
+from check_reports import shown_report, standard_tests
 
-from course_lib.check.nb10 import bytes_per_rank, global_norm, owned_range, reference_bytes
+from course_lib.check.nb10 import (
+    bytes_per_rank,
+    figures,
+    global_norm,
+    owned_range,
+    reference_bytes,
+)
 from course_lib.core.collectives import chunk_bounds
 
 
@@ -36,13 +44,39 @@ def owned_true_division(numel, world_size, rank):
     return rank * numel / world_size, (rank + 1) * numel / world_size
 
 
+def owned_in_tensors(numel, world_size, rank):
+    base, extra = divmod(numel, world_size)
+    sizes = torch.full((world_size,), base) + (torch.arange(world_size) < extra).long()
+    ends = sizes.cumsum(0)
+    return ends[rank] - sizes[rank], ends[rank]  # 0-d integer tensors
+
+
+def owned_in_numpy(numel, world_size, rank):
+    start, end = owned_reference(numel, world_size, rank)
+    return np.int64(start), np.int64(end)
+
+
+def owned_float_tensors(numel, world_size, rank):
+    start, end = owned_reference(numel, world_size, rank)
+    return torch.tensor(float(start)), torch.tensor(float(end))
+
+
+def owned_with_a_gap(numel, world_size, rank):
+    start, end = owned_reference(numel, world_size, rank)
+    return (start + 1, end + 1) if rank == 1 else (start, end)
+
+
+FIRST_RANK_SHORT = ("10 elements on 4 ranks: rank 0 gets (0, 2), expected (0, 3); the extra "
+                    "elements go to the first ranks")
 OWNED_RANGE_MISTAKES = [
     (owned_floor, "must be owned by exactly one rank"),
-    (owned_rest_on_last, "got [(0, 2), (2, 4), (4, 6), (6, 10)]; the extra elements go to "
-                         "the first ranks"),
-    (owned_float, "got [(0, 2), (2, 5), (5, 8), (8, 10)]; the extra elements go to the first"),
+    (owned_rest_on_last, FIRST_RANK_SHORT),
+    (owned_float, FIRST_RANK_SHORT),  # whole but unequal chunks: the same first difference
+    (owned_float_tensors, "got (tensor(0.), tensor(3.)): / gives a float, // does not"),
+    (lambda numel, world_size, rank: ("0", str(numel)), "a str is not a whole number"),
+    (owned_with_a_gap, "rank 0 ends at 3, rank 1 starts at 4: the chunks must follow each"),
     (lambda numel, world_size, rank: (0, numel), "must be owned by exactly one rank"),
-    (owned_true_division, "start and end must be whole numbers (int)"),
+    (owned_true_division, "start and end must be whole numbers (int), got (0.0, 3.0)"),
     (lambda numel, world_size, rank: slice(0, numel), "return the pair (start, end)"),
     (lambda numel, world_size, rank: chunk_bounds(numel, world_size)[rank],
      "uses the library's chunk_bounds"),
@@ -78,12 +112,14 @@ def bytes_no_stage_3(num_params, world_size, stage):
 
 
 BYTES_PER_RANK_MISTAKES = [
-    (bytes_stage2_forgets_grads, "stage 2 divides the optimizer state and the gradients"),
+    (bytes_stage2_forgets_grads, "stage 2, 1000000 parameters on 4 ranks: your 10000000 bytes "
+                                 "are too many; stage 2 divides the optimizer state and the"),
     (bytes_shards_everything, "stage 1 divides the optimizer state by"),
-    (lambda p, n, stage: 12 * p, "stage 0 is plain data parallelism"),
+    (lambda p, n, stage: 12 * p, "your 12000000 bytes are too few; stage 0 is plain data"),
     (bytes_no_stage_3, "return a number of bytes for every stage (stage 3 here); your code "
                        "returned None"),
     (lambda p, n, stage: str(16 * p), "your code returned the str"),
+    (lambda p, n, stage: torch.tensor([16.0 * p] * 2), "your code returned a tensor of shape"),
     (lambda p, n, stage: reference_bytes(p, n, stage), "uses the library's reference_bytes"),
 ]
 
@@ -105,11 +141,54 @@ GLOBAL_NORM_MISTAKES = [
 ]
 
 
+def norm_accumulated_in_fp32(shards):
+    total = torch.tensor(0.0)
+    for s in shards:
+        total += (s ** 2).sum()
+    return total.sqrt()
+
+
+def norm_of_a_buffer(shards):
+    local = torch.zeros(len(shards))  # one slot per rank, as an all-reduce would fill it
+    for r, s in enumerate(shards):
+        local[r] = s.pow(2).sum()
+    return local.sum().sqrt()
+
+
+def norm_of_norms(shards):
+    norms = torch.tensor([torch.linalg.vector_norm(s).item() for s in shards])
+    return torch.linalg.vector_norm(norms)
+
+
+def norm_slightly_off(shards):
+    return norm_reference(shards) * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("got, want", [(3.494032, 3.4940321), (0.1, 0.1000001), (2.0, 3.0)])
+def test_figures_tell_two_numbers_apart(got, want):
+    shown, expected = figures(got, want)
+    assert shown != expected and float(shown) == pytest.approx(got, rel=1e-12)
+
+
+def test_a_norm_just_outside_the_tolerance_shows_two_different_figures():
+    text = shown_report(global_norm, norm_slightly_off)
+    expected, got = text.split("expected ")[1].split(" (the norm")[0], text.split("got ")[1]
+    assert expected not in got, text
+
+
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
-    standard_tests((owned_range, [owned_reference], OWNED_RANGE_MISTAKES),
-                   (bytes_per_rank, [bytes_reference], BYTES_PER_RANK_MISTAKES),
+    standard_tests((owned_range, [owned_reference, owned_in_tensors, owned_in_numpy],
+                    OWNED_RANGE_MISTAKES, ["expected [("]),
+                   (bytes_per_rank, [bytes_reference,
+                                     lambda p, n, s: torch.tensor(bytes_reference(p, n, s),
+                                                                  dtype=torch.float64),
+                                     lambda p, n, s: np.float64(bytes_reference(p, n, s))],
+                    BYTES_PER_RANK_MISTAKES, ["expected"]),
                    (global_norm, [norm_reference,
                                   lambda shards: torch.stack([(s ** 2).sum() for s in shards])
                                   .sum().sqrt(),
-                                  lambda shards: sum(s.pow(2).sum() for s in shards) ** 0.5],
+                                  lambda shards: sum(s.pow(2).sum() for s in shards) ** 0.5,
+                                  norm_accumulated_in_fp32, norm_of_a_buffer, norm_of_norms,
+                                  lambda shards: torch.tensor([float(s.pow(2).sum())
+                                                               for s in shards]).sum().sqrt()],
                     GLOBAL_NORM_MISTAKES))

@@ -10,6 +10,7 @@ from course_lib.check.answers import expect_tensor_with_grad
 from course_lib.check.cases import dp_step
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
+from course_lib.check.nb10 import figures, fractional, not_whole, whole
 from course_lib.check.own_work import ANSWER_ITSELF, call_own
 from course_lib.core.accumulation import scale_by_global_tokens
 from course_lib.tasks.batching import micro_batch_slice
@@ -26,11 +27,11 @@ def rows_of(answer, global_size: int) -> list[int] | None:
     return None
 
 
-def whole_bounds(answer) -> bool:
+def bounds_of(answer) -> list:
+    """The bounds a slice or range was given (None left out); [] for anything else."""
     if not isinstance(answer, (slice, range)):
-        return True  # judged by rows_of
-    return all(v is None or (isinstance(v, int) and not isinstance(v, bool))
-               for v in (answer.start, answer.stop, answer.step))
+        return []  # judged by rows_of
+    return [v for v in (answer.start, answer.stop, answer.step) if v is not None]
 
 
 @exercise("7.1")
@@ -42,8 +43,12 @@ def shard_rows(rows_fn) -> None:
                 answer = call_own(rows_fn, global_size, rank, k, world, accum,
                                   library=[micro_batch_slice], hint=ANSWER_ITSELF +
                                   "work out the rows yourself, from the sizes")
-                expect(whole_bounds(answer), "the slice's bounds must be whole numbers (int): "
-                                             "/ gives a float even when it divides exactly")
+                bounds = bounds_of(answer)
+                expect(not any(fractional(v) for v in bounds),
+                       "the slice's bounds must be whole numbers (int): / gives a float even "
+                       "when it divides exactly")
+                expect(all(whole(v) for v in bounds), f"the slice's bounds must be whole "
+                                                      f"numbers (int): {not_whole(bounds)}")
                 got = rows_of(answer, global_size)
                 expect(got is not None, "return a slice (or a range) of rows of the batch")
                 want = rows_of(micro_batch_slice(global_size, rank, k, world, accum),
@@ -101,9 +106,10 @@ def scale_loss(scale_fn) -> None:
             expect(not math.isclose(averaged * world, right, rel_tol=1e-9),
                    f"off by a factor world_size ({world} times too small): the sync averages "
                    "over the ranks, so it divides once more than you planned for")
+        shown, expected = figures(averaged, right)
         expect(math.isclose(averaged, right, rel_tol=1e-9),
                f"with token losses {loss_sums} and counts {tokens} the ranks' average should "
-               f"be the global token mean {right:.6f}, got {averaged:.6f}: every token of the "
+               f"be the global token mean {expected}, got {shown}: every token of the "
                "global batch must count once, with the same weight")
 
 
