@@ -155,8 +155,8 @@ def expect_full_precision(got: torch.Tensor, want: torch.Tensor, keep: str,
     somewhere, and ``keep`` says what to keep ("w's dtype")."""
     if close(got, want, rtol, atol) or not close(got, want, rtol=1e-4, atol=1e-6):
         return  # right, or wrong by more than float32's rounding: another hint's business
-    where = ("your result is float32" if got.dtype == torch.float32 else
-             "some step of your computation runs in float32")
+    where = (f"your result is {str(got.dtype).removeprefix('torch.')}"
+             if got.dtype != torch.float64 else "some step of your computation runs in float32")
     raise ExerciseError(f"right to float32's precision only: {where}, while the inputs are "
                         "float64 and the check asks for float64's precision. A tensor made "
                         "without a dtype (torch.zeros(n), torch.tensor of Python floats) is "
