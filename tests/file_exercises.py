@@ -437,7 +437,17 @@ MY_HOOKS = Exercise(nb08.my_hooks, "my_hooks.py", right={
          "        self.missing[b].discard(param)\n        if not self.missing[b]:\n"),
         (EACH_HANDLE + WAIT, "        for _, handle in self.handles:\n            handle.wait()\n"
                              "        for b, _ in self.handles:\n"),
-        (RESET, "        self.handles, self.missing = [], [set(b) for b in self.buckets]")])},
+        (RESET, "        self.handles, self.missing = [], [set(b) for b in self.buckets]")]),
+    "each bucket divided in its future's callback": Right(2, [
+        (LAUNCH, "            handle = dist.all_reduce(self.flat[b], group=self.group, "
+                 "async_op=True).get_future()\n"
+                 "            handle = handle.then(lambda done, b=b: self.flat[b].div_("
+                 "self.world_size))\n"),
+        (DIVIDE, "")]),
+    ".grad a view of its bucket": Right(2, [(
+        "p.grad.copy_(self.flat[b][start:start + p.numel()].view(p.shape))",
+        "p.grad = self.flat[b][start:start + p.numel()].view(p.shape)  # DDP's "
+        "gradient_as_bucket_view")])},
     wrong={
     "no wait": Wrong([(WAIT, "")], "never waited on the all-reduce started at line "
                                    "{line:async_op=True}", shared=True),
@@ -476,6 +486,32 @@ MY_HOOKS = Exercise(nb08.my_hooks, "my_hooks.py", right={
     "rank 0 never sends its buckets": Wrong([(FULL, FULL.replace(
         "):  # the bucket is full: send it now", ") and dist.get_rank(self.group) > 0:"))],
         "waits in all_reduce"),
+    "one all-reduce per parameter": Wrong([
+        ("        b, start = self.where[param]\n"
+         "        self.flat[b][start:start + param.numel()].copy_(param.grad.reshape(-1))\n"
+         "        self.arrived[b] += 1\n" + HOOK_SENDS,
+         "        handle = dist.all_reduce(param.grad, group=self.group, async_op=True)\n"
+         "        self.handles.append((param, handle))  # no buckets: each gradient alone\n"),
+        (EACH_HANDLE + WAIT + DIVIDE + "            for p in self.buckets[b]:\n"
+         "                start = self.where[p][1]\n"
+         "                p.grad.copy_(self.flat[b][start:start + p.numel()].view(p.shape))\n",
+         "        for p, handle in self.handles:\n            handle.wait()\n"
+         "            p.grad /= self.world_size\n")],
+        "one step started 8 all-reduces, one per parameter, for the 4 buckets of the plan",
+        shared=True),
+    "a bucket sent before its last gradient": Wrong(
+        [(FULL, FULL.replace("== len(self.buckets[b])", "== max(1, len(self.buckets[b]) - 1)"))],
+        "the all-reduce at line {line:async_op=True} started when its bucket held 2 of its 3 "
+        "gradients", shared=True),
+    "divided once per parameter": Wrong(
+        [(DIVIDE + "            for p in self.buckets[b]:\n",
+          "            for p in self.buckets[b]:\n    " + DIVIDE)],
+        "some gradients were divided by the world size more than once", shared=True),
+    "all_reduce on the whole world": Wrong(
+        [("self.flat[b], group=self.group, async_op=True)  # no wait",
+          "self.flat[b], async_op=True)  # no wait")],
+        "rank 1 called all_reduce on the whole world, ranks 0..2, but this case gave your "
+        "function a group of ranks [1, 2]", 3),
     "no class": Wrong([("class BucketHooks:", "class Hooks:")],
                       "defines no class BucketHooks", None)}, library={
     "the library's overlap": Wrong([("import torch.nn.functional as F\n",

@@ -12,11 +12,11 @@ exercise's checker (a few lines in ``course_lib.check.nbNN``) hands to
 ``members`` (absent: every rank) names the ranks of a case that runs on a group, such as
 ``subgroup(3)``, ranks [1, 2]: there a rank's number in the group is not its global one. The
 modules: ``token_ring`` (5.3, 5.4), ``ring`` with ``ring_mistakes`` (6.3: a ring simulated
-step by step to name a learner's mistake), ``dp_step`` (7.3), ``hooks`` (8.3),
-``ddp_script`` (9.3), ``zero1`` (10.4), ``bf16_hook`` (10.5), ``zero2`` (10.6),
-``shard_unit`` (10.7), ``capstone`` (11.1). A case that finds the learner's code left what it
-cannot go on with raises ``course_lib.check.mp.learner.CaseFinding``: its message is the
-verdict.
+step by step to name a learner's mistake), ``dp_step`` (7.3), ``hooks`` with
+``all_reduce_log`` (8.3), ``ddp_script`` (9.3), ``zero1`` (10.4), ``bf16_hook`` (10.5),
+``zero2`` (10.6), ``shard_unit`` (10.7), ``capstone`` (11.1). A case that finds the
+learner's code left what it cannot go on with raises ``course_lib.check.mp.learner.CaseFinding``:
+its message is the verdict.
 """
 
 from __future__ import annotations

@@ -6,20 +6,20 @@ and runs the learner's hooks, then, per step, ``loss.backward()`` and ``hooks.fi
 ``.grad`` is compared with what torch DDP leaves there, the mean of the ranks' gradients (each
 rank computes every rank's gradient alone, from the same seeds, outside the tracer). For each
 call of ``dist.all_reduce`` the case keeps whether it was asynchronous, whether backward was
-still running, how many gradients were ready then, and which tensor (and how many values) it
-reduced. The learner's async handles hold the result back until they are waited on
-(``HeldBack``: the bucket keeps this rank's values till ``wait()``, as a real all-reduce may),
-so a bucket read before its wait gives a wrong gradient every time, not only when the network
-is slow. On 3 and 4 processes a case runs on a group of ranks [1, 2] or [1, 3]. Of the
-course's code the file may use only ``course_lib.core.buckets``' ``MB`` and ``plan_buckets``
-(exercise 8.1's plan, which the file's ``plan_by_hand`` calls until the learner pastes theirs).
+still running, which gradients were ready then, and which tensor (and how many values) it
+reduced (``all_reduce_log``: its async handles hold the sum back until they are waited on,
+so a bucket read before its wait is wrong every time, not only when the network is slow). On
+3 and 4 processes a case runs on a group of ranks [1, 2] or [1, 3]. Of the course's code the
+file may use only ``course_lib.core.buckets``' ``MB`` and ``plan_buckets`` (exercise 8.1's
+plan, which the file's ``plan_by_hand`` calls until the learner pastes theirs):
+the judge holds each step's all-reduces to that plan, one per bucket, each once its bucket is
+full.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
-from contextlib import contextmanager
+import math
 
 import torch
 import torch.distributed as dist
@@ -28,12 +28,13 @@ from torch import nn
 
 from course_lib.check.answers import close
 from course_lib.check.cases import members, passed, with_group_case
+from course_lib.check.cases.all_reduce_log import AllReduceLog, recording
 from course_lib.check.checker import ExerciseError, expect
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import Tracer
 from course_lib.check.mp.verdict import Advice
 from course_lib.check.own_work import names_in_file, shown
-from course_lib.core.buckets import MB  # bytes in a megabyte, as bucket_cap_mb counts them
+from course_lib.core.buckets import MB, plan_buckets  # MB: bytes, as bucket_cap_mb counts
 
 SMALL_CAP = 1100  # bytes: 4 buckets for the model below (the last layer's leave first)
 FEATURES, WIDTH, CLASSES, BATCH = 6, 16, 3, 5  # small for test speed
@@ -63,6 +64,15 @@ def batch(spec: dict, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]
                                                                      generator=g)
 
 
+def plan(model: nn.Module, cap_bytes: float) -> list[list[int]]:
+    """Exercise 8.1's plan, as the file's plan_by_hand makes it: parameter indices per bucket,
+    filled in backward's order (the last layer's first)."""
+    sizes = [p.numel() * p.element_size() for p in model.parameters()][::-1]
+    last = len(sizes) - 1
+    return [[last - i for i in bucket] for bucket in plan_buckets(sizes, [None] * len(sizes),
+                                                                   cap_bytes)]
+
+
 def flat_grads(model: nn.Module) -> list[float]:
     return torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.full(
         (p.numel(),), float("nan")) for p in model.parameters()]).tolist()
@@ -75,98 +85,6 @@ def own_grads(model: nn.Module, x, y, scale: float = 1.0) -> list[float]:
     return flat_grads(mine)
 
 
-class HeldBack:
-    """The learner's async handle: the sum lands in the bucket when the learner waits on it
-    (or sees it completed), not before."""
-
-    def __init__(self, work, private: torch.Tensor, bucket: torch.Tensor, line, log):
-        self.work, self.private, self.bucket, self.line, self.log = work, private, bucket, \
-            line, log
-        self.done = self.waited_in_backward = False
-
-    def wait(self, *args, **kwargs):
-        if not self.done:
-            self.waited_in_backward = self.log.in_backward
-            self.log.tracer.status(op="all_reduce", line=self.log.tracer.learner_line(),
-                                   waiting=True)  # it may block: say so
-            self.work.wait(*args, **kwargs)
-            self.log.tracer.status(op=None)
-            self._land()
-        return True
-
-    def is_completed(self):
-        """Polling waits for nothing: a finished all-reduce lands, and is not a wait."""
-        if not self.done and self.work.is_completed():
-            self._land()
-        return self.done
-
-    def get_future(self):
-        """A future that completes with the sum in the bucket."""
-        self.done = True
-        return self.work.get_future().then(lambda _: self._land(force=True))
-
-    def _land(self, force: bool = False):
-        if force or not self.done:
-            self.bucket.copy_(self.private)  # only now does the bucket hold the sum
-            self.done = True
-        return [self.bucket]
-
-    def __getattr__(self, name):
-        return getattr(self.work, name)
-
-
-class AllReduceLog:
-    """Every ``dist.all_reduce`` of one case: when it came, and the handles given out."""
-
-    def __init__(self, tracer: Tracer, total_params: int):
-        self.tracer, self.total = tracer, total_params
-        self.in_backward, self.ready = False, 0  # set by the case and by its counting hooks
-        self.calls, self.handles, self._signature = [], [], None
-
-    def handler(self, original, *args, **kwargs):
-        self._signature = self._signature or inspect.signature(original)
-        bound = self._signature.bind(*args, **kwargs).arguments
-        tensor, is_async = bound.get("tensor"), bool(bound.get("async_op", False))
-        line = self.tracer.learner_line()
-        self.tracer.log.collectives.append("all_reduce")  # counted, as the tracer counts
-        self.calls.append({"async": is_async, "in_backward": self.in_backward,
-                           "ready": self.ready, "total": self.total, "line": line,
-                           "numel": tensor.numel(), "tensor": tensor.data_ptr()})
-        if not is_async:
-            self.tracer.status(op="all_reduce", line=line)  # it blocks: say so
-            result = original(*args, **kwargs)
-            self.tracer.status(op=None)
-            return result
-        private = tensor.detach().clone()  # reduced in the background, copied in at wait()
-        bound["tensor"] = private
-        handle = HeldBack(original(**bound), private, tensor, line, self)
-        self.handles.append(handle)
-        return handle
-
-    def drain(self) -> None:
-        """Finish every all-reduce the learner left open, so none mixes into the next case."""
-        for handle in self.handles:
-            handle.work.wait()
-
-    def summary(self) -> dict:
-        return {"calls": self.calls,
-                "unwaited": [h.line for h in self.handles if not h.done],
-                "waited_in_backward": [h.line for h in self.handles if h.waited_in_backward]}
-
-
-@contextmanager
-def recording(log: AllReduceLog):
-    """Route ``dist.all_reduce`` (the tracer's stand-in, however the learner imported it)
-    through ``log`` while the case runs."""
-    stand_in = dist.all_reduce
-    saved = stand_in.handler
-    stand_in.handler = log.handler
-    try:
-        yield
-    finally:
-        stand_in.handler = saved
-
-
 def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, options: dict) -> dict:
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     model = make_model(spec["seed"])
@@ -176,9 +94,9 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
     own = [own_grads(model, x, y) for x, y in batches]
     theirs = copy.deepcopy(model)
     log = AllReduceLog(tracer, len(list(theirs.parameters())))
-    for param in theirs.parameters():  # registered before the learner's: they fire first
-        param.register_post_accumulate_grad_hook(lambda p: setattr(log, "ready", log.ready + 1))
-    got, per_step = [], []
+    for i, param in enumerate(theirs.parameters()):  # before the learner's: they fire first
+        param.register_post_accumulate_grad_hook(lambda p, i=i: log.arrived(i))
+    got, per_step, orders = [], [], []
     try:
         with tracer.watching(spec["name"], members(spec)), recording(log):
             hooks = learner.BucketHooks(theirs, passed(spec, group),
@@ -186,15 +104,18 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
             for x, y in batches:
                 theirs.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(theirs(x), y)
-                log.in_backward, log.ready, first = True, 0, len(log.calls)
+                log.in_backward, log.ready, log.order, first = True, 0, [], len(log.calls)
                 loss.backward()  # the learner's hooks run in here
                 log.in_backward = False
                 hooks.finish()
                 got.append(flat_grads(theirs))
                 per_step.append(log.calls[first:])
+                orders.append(log.order)
     finally:
         log.drain()
-    return {"got": got, "expected": expected, "own": own, "steps": per_step,
+    return {"got": got, "expected": expected, "own": own, "steps": per_step, "orders": orders,
+            "buckets": plan(model, spec["cap_bytes"]),
+            "sizes": [p.numel() for p in model.parameters()],
             "numel": len(own[0]), **log.summary()}
 
 
@@ -238,12 +159,40 @@ def judge_step_calls(calls: list[dict], spec: dict, numel: int) -> None:
                           "bucket once, every value in one bucket")
 
 
+def judge_buckets(calls: list[dict], order: list[int], s: dict) -> None:
+    """One step's all-reduces against the plan (``s["buckets"]``, parameter indices): one per
+    bucket, each started once every gradient of its bucket was ready (``order``: the indices
+    of the gradients in the order they were ready)."""
+    buckets, sizes = s["buckets"], s["sizes"]
+    if calls and len(calls) != len(buckets):
+        expect(len(calls) != len(sizes), f"one step started {len(calls)} all-reduces, one per "
+               f"parameter, for the {len(buckets)} buckets of the plan: a bucket's gradients "
+               "travel together, copied into its flat tensor, in one all-reduce started when "
+               "the last of them is in (fewer, larger messages are the point of buckets)")
+        expect(False, f"one step started {len(calls)} all-reduces for the {len(buckets)} "
+                      "buckets of the plan: each bucket's all-reduce starts once per step, when "
+                      "its last gradient is copied in")
+    for call in (c for c in calls if c["in_backward"]):
+        ready = set(order[:call["ready"]])
+        alike = [b for b in buckets if sum(sizes[i] for i in b) == call["numel"]]
+        expect(alike, f"the all-reduce at {_at(call)} sent {call['numel']} values, and no bucket "
+                      "of the plan holds that many (they hold "
+                      f"{', '.join(str(sum(sizes[i] for i in b)) for b in buckets)}): all-reduce "
+                      "each bucket's flat tensor, whole")
+        held, whole = max((sum(i in ready for i in b), len(b)) for b in alike)
+        expect(held == whole, f"the all-reduce at {_at(call)} started when its bucket held {held} "
+                              f"of its {whole} gradients: a bucket may leave only once every "
+                              "gradient of it is copied in, or the missing ones never reach the "
+                              "sum")
+
+
 def judge_calls(rank: int, s: dict, spec: dict) -> None:
     """How this rank communicated: async all-reduces, waited on, started during backward."""
     expect(any(s["steps"]), f"rank {rank} never called dist.all_reduce: its buckets were "
                             "never summed over the ranks")
-    for calls in s["steps"]:
+    for calls, order in zip(s["steps"], s["orders"], strict=True):
         judge_step_calls(calls, spec, s["numel"])
+        judge_buckets(calls, order, s)
     expect(not s["unwaited"], f"rank {rank} never waited on the all-reduce started at line "
                               f"{(s['unwaited'] or [''])[0]}: until its handle's wait() "
                               "returns, the bucket does not hold the sum yet")
@@ -277,9 +226,23 @@ def judge_values(rank: int, s: dict, n: int, world: int) -> None:
                "by the world size")
         expect(n == world or not close(got, want * n / world, 1e-5, 1e-6),
                "you divided by the size of the whole world, not of the group you were given")
+        expect(not divided_again(got, want, n),
+               f"some gradients were divided by the world size more than once (by {n}^2, "
+               f"{n}^3, ...): divide each bucket's sum once, not once for each of its "
+               "parameters")
         expect(False, f"rank {rank}'s gradients differ from DDP's (rtol 1e-5): each .grad must "
                       "end as its parameter's gradient summed over the ranks, divided by the "
                       "world size")
+
+
+def divided_again(got: torch.Tensor, want: torch.Tensor, n: int) -> bool:
+    """Whether every gradient is DDP's divided by n**j, some with j >= 1: a division repeated
+    (once per parameter of a bucket, say)."""
+    big = want.abs() > 1e-4  # where the ratio says something
+    times = torch.log(want[big] / got[big]) / math.log(n) if n > 1 else torch.zeros(0)
+    whole = times.round()
+    return bool(times.numel() and (times - whole).abs().max() < 1e-3 and whole.min() >= 0
+                and whole.max() >= 1)
 
 
 def judge(spec: dict, by_rank: dict, run) -> None:
