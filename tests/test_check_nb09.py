@@ -241,9 +241,10 @@ def logged(losses: list, right: list) -> dict:
 
 
 @pytest.mark.parametrize("ranks, accum_steps, factor, words", [
-    (3, 2, 3, "3 times too large: the sum over the ranks, not their mean"),
-    (3, 2, 2, "2 times too large: each micro-step's loss added as it is"),
-    (2, 2, 2, "2 times too large: the sum over the ranks, not their mean or each micro-step"),
+    (3, 2, 3, "3 times too large: they are the sum over the ranks, not their mean"),
+    (3, 2, 2, "2 times too large: each micro-step's loss was added as it is"),
+    (2, 2, 2, "2 times too large: either they are the sum over the ranks, not their mean, or "
+              "each micro-step's loss was added as it is"),
     (3, 2, 1.5, "not the mean loss of each step's global batch"),
 ])
 def test_logged_losses_off_by_a_known_factor_are_named(ranks, accum_steps, factor, words):

@@ -9,7 +9,9 @@ noted; ``dist.destroy_process_group()`` is refused (``main()`` ends the group). 
 comes from one process: the same model and dataset, every rank's ``DistributedSampler``
 indices of an optimizer step taken together as one big batch (and the same for known
 mistakes, to name them: no ``set_epoch``, a loss not divided by the micro-steps, a loss
-divided by the world size as well).
+divided by the world size as well, a sampler left with its own seed). The hook's count names
+steps whose gradients DDP never all-reduced (``no_sync`` on every micro-step); ``train``
+returns the module inside DDP, not the wrapper.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ CONFIGS = (  # what each case changes in Config; every world size 2..4 gets whol
 )
 FIELDS = (*CONFIGS[0], "checkpoint")  # the fields Config must have
 MISTAKES = {"no_set_epoch": {"set_epoch": False}, "loss_not_scaled": {"loss_scale": "k"},
-            "loss_over_world": {"loss_scale": "1/n"}}  # known mistakes, as reference() runs
+            "loss_over_world": {"loss_scale": "1/n"},
+            "sampler_seed": {"sampler_seed": 0}}  # known mistakes, as reference() runs
 
 
 def case_specs(world_size: int, options: dict) -> list[dict]:
@@ -49,15 +52,18 @@ def case_specs(world_size: int, options: dict) -> list[dict]:
              "config": c, "index": i} for i, c in enumerate(CONFIGS)]
 
 
-def reference(learner, config, n: int, set_epoch: bool = True, loss_scale="1") -> dict:
-    """One process: each optimizer step on every rank's examples of that step at once."""
+def reference(learner, config, n: int, set_epoch: bool = True, loss_scale="1",
+              sampler_seed: int | None = None) -> dict:
+    """One process: each optimizer step on every rank's examples of that step at once (the
+    samplers shuffled with ``sampler_seed``, else config.seed)."""
     scale = {"1": 1.0, "k": float(config.accum_steps), "1/n": 1 / n}[loss_scale]
     model, data = learner.make_model(config), learner.make_dataset(config)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     per_step, losses = config.micro_batch * config.accum_steps, []  # per rank per step
     for epoch in range(config.epochs):
-        samplers = [DistributedSampler(data, num_replicas=n, rank=r, shuffle=True,
-                                       seed=config.seed) for r in range(n)]
+        seed = config.seed if sampler_seed is None else sampler_seed
+        samplers = [DistributedSampler(data, num_replicas=n, rank=r, shuffle=True, seed=seed)
+                    for r in range(n)]
         for sampler in samplers if set_epoch else ():
             sampler.set_epoch(epoch)
         orders = [list(s) for s in samplers]
@@ -109,7 +115,8 @@ def returned(result) -> dict:
     if not isinstance(result, dict) or "model" not in result or "losses" not in result:
         return {"ok": False, "what": describe(result)}
     model, losses = result["model"], result["losses"]
-    model = model.module if isinstance(model, DistributedDataParallel) else model
+    if isinstance(model, DistributedDataParallel):
+        return {"ok": False, "wrapper": True}
     if not isinstance(model, nn.Module) or not isinstance(losses, (list, tuple)):
         return {"ok": False, "what": f"model: {describe(model)}, losses: {describe(losses)}"}
     numbers = [float(v) for v in losses if isinstance(v, (int, float)) or (
@@ -140,7 +147,8 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
         config = dataclasses.replace(config)  # the learner's train may not change ours
     right = reference(learner, config, n)
     mistakes = {name: reference(learner, config, n, **how)["params"]
-                for name, how in MISTAKES.items()}
+                for name, how in MISTAKES.items()
+                if how.get("sampler_seed") != config.seed}  # the seed 0 of a Config(seed=0)
     counts, saves = {"syncs": 0, "models": 0}, []
     with tracer.watching(spec["name"], range(n)) as log, watching_ddp(counts, saves):
         result = learner.train(config)
@@ -162,6 +170,8 @@ WEIGHT_MISTAKES = {  # what each known mistake's weights mean
     "loss_over_world": "each step's gradient is world_size times too small: DDP already "
                        "averages over the ranks (it divides their sum by world_size), so "
                        "dividing the loss by world_size divides twice",
+    "sampler_seed": "the examples were shuffled with DistributedSampler's own seed, 0, not "
+                    "config.seed: give the sampler the config's seed (the same on every rank)",
 }
 
 
@@ -190,15 +200,20 @@ def judge_saves(rank: int, s: dict) -> None:
            "optimizer step")
 
 
-def judge_rank(rank: int, s: dict) -> None:
+def judge_rank(rank: int, s: dict, text: str) -> None:
     got = s["returned"]
+    expect(not got.get("wrapper"), "train(config) returned the DistributedDataParallel wrapper "
+                                   "as \"model\": return the trained module inside it, "
+                                   "model.module, which runs and loads without DDP")
     expect(got["ok"], "train(config) must return {\"model\": the trained module, \"losses\": "
                       f"[one number per optimizer step]}}; it returned {got.get('what')}")
     expect(s["models"] > 0, "train(config) never wrapped the model in DistributedDataParallel: "
                             "DDP averages the gradients")
+    judge_too_few_syncs(s, text)
     if not near(got["params"], s["expected"]["params"]):
         for mistake, hint in WEIGHT_MISTAKES.items():
-            expect(not near(got["params"], s["mistakes"][mistake]), hint)
+            expect(mistake not in s["mistakes"] or not near(got["params"], s["mistakes"][mistake]),
+                   hint)
         expect(False, f"rank {rank}'s final weights differ from one process trained on every "
                       "rank's micro-batches of each step at once: each optimizer step must use "
                       "the mean gradient of the step's micro-batches on every rank (look at "
@@ -207,6 +222,20 @@ def judge_rank(rank: int, s: dict) -> None:
     expect(len(got["losses"]) == s["steps"], f"rank {rank} logged {len(got['losses'])} losses "
                                              f"for {s['steps']} optimizer steps: log one per "
                                              "optimizer step")
+
+
+def judge_too_few_syncs(s: dict, text: str) -> None:
+    """Every optimizer step's gradients all-reduced by DDP at least once."""
+    syncs, steps = s["syncs"], s["steps"]
+    if syncs >= steps:
+        return
+    why = ("no_sync() covered every micro-step, the last one of each step too" if syncs == 0
+           and "no_sync" in text else "some steps' last micro-step ran inside no_sync() or "
+           "without the DDP wrapper's forward")
+    expect(False, f"DDP all-reduced the gradients {syncs} times for {steps} optimizer steps: "
+                  f"{why}, so the ranks stepped with gradients never averaged. The micro-step "
+                  "that ends an optimizer step must run, forward and backward, through the "
+                  "wrapper and outside no_sync()")
 
 
 def judge_syncs(s: dict, text: str) -> None:
@@ -228,12 +257,13 @@ def judge_losses(by_rank: dict, n: int, k: int) -> None:
                            "the loss of its own micro-batches, not the mean over the global "
                            "batch, which is the same number on every rank")
     right = by_rank[0]["expected"]["losses"]
-    causes = {n: ["the sum over the ranks, not their mean"]}
-    causes.setdefault(k, []).append("each micro-step's loss added as it is, not divided by "
-                                    "the number of micro-steps")
+    causes = {n: ["they are the sum over the ranks, not their mean"]}
+    causes.setdefault(k, []).append("each micro-step's loss was added as it is, not divided "
+                                    "by the number of micro-steps")
     for factor, why in causes.items():
         expect(factor == 1 or not near(losses[0], [v * factor for v in right]),
-               f"the logged losses are {factor} times too large: {' or '.join(why)}")
+               f"the logged losses are {factor} times too large: "
+               + (f"either {why[0]}, or {why[1]}" if len(why) > 1 else why[0]))
     expect(near(losses[0], right), "the logged losses are not the mean loss of each step's "
                                    "global batch: every micro-step's loss of every rank must "
                                    "count once, with the same weight")
@@ -243,10 +273,11 @@ def judge_losses(by_rank: dict, n: int, k: int) -> None:
 
 
 def judge(spec: dict, by_rank: dict, run) -> None:
-    for rank in range(len(by_rank)):
-        judge_rank(rank, by_rank[rank])
     with open(run.path, encoding="utf-8") as f:
-        judge_syncs(by_rank[0], f.read())
+        text = f.read()
+    for rank in range(len(by_rank)):
+        judge_rank(rank, by_rank[rank], text)
+    judge_syncs(by_rank[0], text)
     judge_losses(by_rank, len(by_rank), by_rank[0]["accum_steps"])
 
 
