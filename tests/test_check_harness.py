@@ -1,4 +1,7 @@
-"""Which world sizes a multi-process checker launches."""
+"""Which world sizes a multi-process checker launches, and reports of the engine (its verdict,
+its tracer) that no one exercise's spec holds."""
+
+import pytest
 
 from course_lib.check.mp.harness import WORLD_SIZES, WORLD_SIZES_ENV, world_sizes_to_run
 
@@ -32,3 +35,40 @@ def test_a_file_that_still_holds_its_marked_line_is_open(tmp_path, capsys):
     path.write_text(text.replace("open_one", "ring_all_reduce"))
     nb06.my_ring(str(path))  # no launch: reported at once
     assert capsys.readouterr().out.startswith("Exercise 6.3: not done yet")
+
+
+def test_a_membership_test_of_tensors_is_named_where_torch_says_only_shapes():
+    from course_lib.check.mp.learner import LearnerFile
+    from course_lib.check.mp.runner import RankResult, Run
+    from course_lib.check.mp.verdict import MEMBERSHIP, SHAPES, learner_error_message
+
+    def report(source: str) -> str:
+        error = {"kind": "learner", "type": "RuntimeError", "line": 9, "source": source,
+                 "function": "f", "case": "a case", "message": "The size of tensor a (3) "
+                 "must match the size of tensor b (16) at non-singleton dimension 1"}
+        run = Run(2, [RankResult(0, True, [], error, {}, {})], None, 1.0, "f.py")
+        return learner_error_message(run, LearnerFile("f.py", ("f",)))
+
+    found = report("b = next(i for i, bucket in enumerate(buckets) if param in bucket)")
+    assert found.endswith(MEMBERSHIP)
+    assert report("total = grad + bucket").endswith(SHAPES)  # no `in`: the shapes' sentence
+
+
+@pytest.mark.slow
+def test_an_all_reduce_on_the_whole_world_in_a_hook_is_named_before_gloo_fails(workspace):
+    """8.3's case routes dist.all_reduce through its own handler: the tracer's check of the
+    group runs before any handler, so the ranks of a smaller group hear why, not Gloo's
+    'Connection closed by peer' when the process outside the group leaves."""
+    from answer_edits import edited, reference
+    from check_reports import file_hint
+
+    from course_lib.check import nb08
+
+    text = edited(reference("my_hooks.py"), [(
+        "dist.all_reduce(self.flat[b], group=self.group, async_op=True)",
+        "dist.all_reduce(self.flat[b], async_op=True)")])
+    hint = file_hint(nb08.my_hooks, workspace.put(text, "my_hooks.py"), world_sizes=(3,))
+    assert ("called all_reduce on the whole world, ranks 0..2, but this case gave your "
+            "function a group of ranks [1, 2]: rank 0, outside it, never calls it") in hint, hint
+    assert "pass that group to dist.all_reduce (group=...)" in hint, hint
+    assert "Connection" not in hint, hint

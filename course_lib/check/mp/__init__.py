@@ -10,7 +10,8 @@ The pieces, in the order a check goes through them:
 - ``program``: inside each rank: join the group, install the ``tracer``, run every case of an
   exercise's cases module, write ``result{R}.json`` after each case.
 - ``tracer``: wraps torch.distributed's calls: status files (who waits on whom), bytes and
-  messages sent, collectives called, handles never waited on.
+  messages sent, collectives called, handles never waited on; ``groups``, its checks of the
+  peer and the group each call names.
 - ``verdict``: not done, a learner's exception, a deadlock, a message too big for its buffer,
   time out; ``harness.check_file`` ties it all together, one launch per world size.
 

@@ -16,8 +16,9 @@ with wrappers. While a case runs (``with tracer.watching(case, members) as log``
   and those of collectives started with ``async_op=True``, that remember whether they were
   waited on;
 - refuse a peer outside the group the case passed, a peer or a root named by its rank in
-  the whole world (dst=, src=) in a group numbered otherwise, and a collective on the whole
-  world when the case passed a smaller group (a clear error, not a hang).
+  the whole world (dst=, src=) in a group numbered otherwise, group_dst= without group=, and
+  a collective on the whole world when the case passed a smaller group, before any handler
+  (a clear error, not a hang: ``groups.py``).
 
 Outside ``watching`` (the checker's own calls) the wrappers only pass the call on. A thread
 (``watch.py``) writes the learner's current line to ``where{R}.json`` and ends the ranks when
@@ -43,6 +44,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from course_lib.check.mp import groups
+from course_lib.check.mp.groups import GroupChecks
 from course_lib.check.mp.watch import BETWEEN, Watch
 from course_lib.runtime.launch_child import write_json_atomic
 
@@ -57,15 +60,13 @@ LIBRARY = ("naive_all_reduce", "ring_all_reduce", "recursive_doubling_all_reduce
            "ring_reduce_scatter", "ring_all_gather")
 ALL_REDUCES = frozenset(("all_reduce", *(n for n in LIBRARY if n.endswith("all_reduce"))))
 ROOTS = ("src", "dst", "group_src", "group_dst")  # the keywords that name a collective's root
+NO_FUTURE = "Work::getFuture not implemented"  # Gloo, for a point-to-point handle
 DRAIN_S = 3.0  # after a case, handles the learner never waited on get this long to finish
 
 
 _real_path = functools.lru_cache(maxsize=512)(os.path.realpath)
+OWN_FILES = (__file__, groups.__file__)  # the tracer's frames, not the learner's
 CALLED = re.compile(r"([A-Za-z_][\w.]*)\s*\(")  # the first call on a line of code
-
-
-class PeerOutsideGroup(ValueError):
-    """The learner named a peer that is not in the group the case passed."""
 
 
 @dataclass
@@ -92,13 +93,16 @@ class CaseLog:
 
 class _Wrapped:
     """A stand-in for a torch.distributed function that compares equal to it (P2POp checks
-    ``op in [isend, irecv]``)."""
+    ``op in [isend, irecv]``). ``guard(original, args, kwargs)`` runs before the handler, also
+    before one a case puts in its place (8.3 routes dist.all_reduce through its own)."""
 
-    def __init__(self, original, handler):
+    def __init__(self, original, handler, guard=None):
         functools.update_wrapper(self, original)
-        self.original, self.handler = original, handler
+        self.original, self.handler, self.guard = original, handler, guard
 
     def __call__(self, *args, **kwargs):
+        if self.guard is not None:
+            self.guard(self.original, args, kwargs)
         return self.handler(self.original, *args, **kwargs)
 
     def __eq__(self, other):
@@ -133,8 +137,15 @@ class TracedWork:
         return finished
 
     def get_future(self):
+        try:
+            future = self._work.get_future()
+        except RuntimeError as error:  # Gloo's isend and irecv have no future
+            if NO_FUTURE in str(error):
+                error.args = (f"{NO_FUTURE}: Gloo's isend and irecv handles have no future; "
+                              "wait on the handle itself (its .wait())",)
+            raise
         self.done = True  # waited on through the future: not ours to follow
-        return self._work.get_future()
+        return future
 
     def __getattr__(self, name):
         return getattr(self._work, name)
@@ -155,7 +166,7 @@ class StartedCollective(TracedWork):
         return result
 
 
-class Tracer:
+class Tracer(GroupChecks):
     """Install once per rank; ``watching`` around each call of the learner's function."""
 
     def __init__(self, run_dir: str, rank: int, learner_file: str):
@@ -195,7 +206,7 @@ class Tracer:
         """Whether the learner's own line called the torch.distributed function being traced
         (not the course's code, on the learner's behalf)."""
         frame = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename == __file__:
+        while frame is not None and frame.f_code.co_filename in OWN_FILES:
             frame = frame.f_back  # the tracer's own frames
         return frame is not None and _real_path(frame.f_code.co_filename) == self.learner_file
 
@@ -249,7 +260,8 @@ class Tracer:
         dist.batch_isend_irecv = _Wrapped(dist.batch_isend_irecv, self._batch)
         for name in COLLECTIVES:
             if hasattr(dist, name):
-                setattr(dist, name, _Wrapped(getattr(dist, name), self._noted("collectives")))
+                setattr(dist, name, _Wrapped(getattr(dist, name), self._noted("collectives"),
+                                             guard=self._check_group))
         library = importlib.import_module(LIBRARY_MODULE)
         for name in LIBRARY:
             setattr(library, name, _Wrapped(getattr(library, name), self._noted("library")))
@@ -267,8 +279,7 @@ class Tracer:
                     return original(*args, **kwargs)
                 finally:
                     self.inside = None
-            self._check_group(original, args, kwargs)
-            try:
+            try:  # the guard has checked the group already (_check_group)
                 bound = self._bound(original, args, kwargs)
             except TypeError:
                 bound = {}  # torch reports a wrong call itself
@@ -299,83 +310,6 @@ class Tracer:
         if name not in self._signatures:
             self._signatures[name] = inspect.signature(original)
         return self._signatures[name].bind(*args, **kwargs).arguments
-
-    def _check_group(self, original, args, kwargs) -> None:
-        """A collective on the whole world while the case passed a smaller group would wait
-        for ranks that sit the case out, and a root named by its global rank (src=, dst=)
-        may not be in the group: say so at once."""
-        world = dist.get_world_size()
-        if self.members is None or len(self.members) == world:
-            return
-        try:
-            bound = self._bound(original, args, kwargs)
-        except TypeError:
-            return  # torch reports a wrong call itself
-        group = bound.get("group")
-        if group is None or group == dist.group.WORLD:
-            raise PeerOutsideGroup(
-                f"rank {self.rank} called {original.__name__} on the whole world, ranks "
-                f"0..{world - 1}, but this case gave your function a group of ranks "
-                f"{list(self.members)}: pass that group to "
-                f"{self.learner_call(original.__name__)} (group=...)")
-        for word in ("src", "dst"):  # the root of a broadcast, a reduce, ...
-            if bound.get(word) is not None and bound[word] not in self.members:
-                raise self._named_globally(original.__name__, word, bound[word])
-
-    def _peer(self, name: str, original, args, kwargs):
-        """(tensor, global peer rank or None, the keyword that named it) of a point-to-point
-        call: dst=/src= name a rank of the whole world, group_dst=/group_src= one of the
-        group."""
-        bound = self._bound(original, args, kwargs)
-        word = "dst" if "send" in name else "src"
-        if bound.get(word) is not None:
-            return bound.get("tensor"), bound[word], word
-        local = bound.get("group_" + word)
-        if local is None:
-            return bound.get("tensor"), None, None
-        group = dist.group.WORLD if bound.get("group") is None else bound["group"]
-        size = dist.get_world_size(group)
-        if self.members is not None and not 0 <= local < size:
-            raise PeerOutsideGroup(
-                f"rank {self.rank} called {name} {'to' if word == 'dst' else 'from'} the "
-                f"group's rank {local}, but the group passed to the function has {size} "
-                f"rank{'s' if size > 1 else ''} (ranks {list(self.members)}): take the rank "
-                "and the size from that group, dist.get_rank(group) and "
-                "dist.get_world_size(group)")
-        return bound.get("tensor"), dist.get_global_rank(group, local), "group_" + word
-
-    def _check_peer(self, name: str, peer, word=None) -> None:
-        """``peer``: the global rank a call names, by the keyword ``word`` ("dst", "src",
-        "peer" for a P2POp's, "group_dst", ...)."""
-        if peer is None or self.members is None:
-            return
-        numbered_apart = self.members != list(range(len(self.members)))
-        if word in ("dst", "src", "peer") and numbered_apart and (
-                peer not in self.members or peer == self.rank):
-            raise self._named_globally(name, word, peer)
-        if peer in self.members:
-            return
-        way = "to" if "send" in name else "from"
-        if self.inside or not self.called_by_learner():
-            called = self.learner_call(self.inside or "it")
-            raise PeerOutsideGroup(
-                f"{called} sent on the whole world, ranks 0..{dist.get_world_size() - 1}, "
-                f"but this case gave your function a group of ranks {list(self.members)}: "
-                f"pass that group to {called} too")
-        raise PeerOutsideGroup(
-            f"rank {self.rank} called {name} {way} rank {peer}, which is not in the group "
-            f"passed to the function (ranks {list(self.members)}): take the rank and the size "
-            "from that group, dist.get_rank(group) and dist.get_world_size(group)")
-
-    def _named_globally(self, name: str, word: str, peer: int) -> PeerOutsideGroup:
-        """A peer or a root named by its rank in the whole world (``word``: dst, src or a
-        P2POp's peer) in a group whose own numbers are not those."""
-        what = "itself" if peer == self.rank else "not in the group"
-        return PeerOutsideGroup(
-            f"rank {self.rank} called {name} with {word}={peer} ({what}): {word}= is a rank "
-            "of the whole world, and this case gave your function a group of ranks "
-            f"{list(self.members)}, the group's ranks {list(range(len(self.members)))}: name "
-            f"a rank of the group with group_{word}=")
 
     def _count(self, name: str, tensor) -> None:
         self.log.calls.add(name)
@@ -409,6 +343,10 @@ class Tracer:
             op.op = _original(op.op)  # torch tells isend from irecv by identity
             name = "isend" if op.op is _original(dist.isend) else "irecv"
             global_peer = op.group != dist.group.WORLD  # a P2POp keeps the peer's global rank
+            if not global_peer and self._in_a_smaller_group() and (
+                    op.peer not in self.members or op.peer == self.rank):
+                raise self._without_group(f"{name} (a P2POp)", f"peer {op.peer}",
+                                          "a P2POp's peer")
             self._check_peer(name, op.peer, "peer" if global_peer else None)
             self._count(name, op.tensor)
             kinds.append((name, op.peer))

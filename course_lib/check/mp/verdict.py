@@ -9,6 +9,7 @@ when time ran out.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 
@@ -25,6 +26,10 @@ SHAPE_ERRORS = ("must match the size of tensor", "shape mismatch", "size mismatc
                 "must match the existing size", "expanded size")
 SHAPES = ("A tensor of another size than the line expects: compare the shapes your function is "
           "handed (its docstring says them) with those this line makes.")
+MEMBERSHIP = ("`in` compares a tensor with each item by value (==, number by number), not by "
+              "identity: a tensor of another shape fails, and one of the same shape gives a "
+              "tensor of booleans. Look a tensor up by identity (is) instead.")
+AMBIGUOUS = "Boolean value of Tensor with more than one value is ambiguous"
 GLOBAL_RANK = ("dst=, src= and a P2POp's peer are ranks of the whole world: in a group, name a "
                "rank by its number in the group, with group_dst=, group_src= or group_peer=.")
 
@@ -32,6 +37,17 @@ GLOBAL_RANK = ("dst=, src= and a P2POp's peer are ranks of the whole world: in a
 def is_shape_error(message: str) -> bool:
     """Whether torch raised ``message`` for tensors of sizes that do not fit together."""
     return any(words in message for words in SHAPE_ERRORS)
+
+
+def tests_membership(source: str) -> bool:
+    """Whether a line of code tests ``x in y`` (or ``not in``): with tensors, by value."""
+    try:
+        tree = ast.parse(source.strip())
+    except SyntaxError:  # a line of a longer statement
+        return False
+    return any(isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn))
+                                                     for op in node.ops)
+               for node in ast.walk(tree))
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,9 @@ def learner_error_message(run: Run, learner: LearnerFile, explain=None) -> str |
     inside = f" in {e['function']}" if e["function"] and e["function"] != "<module>" else ""
     source = f"\n    {e['source']}" if e["source"] else ""
     extra = (explain(e, _text(learner.path)) or "") if explain else ""
+    if not extra and (is_shape_error(e["message"]) or AMBIGUOUS in e["message"]) and \
+            tests_membership(e["source"]):
+        extra = MEMBERSHIP
     if not extra and is_shape_error(e["message"]):
         extra = SHAPES
     if not extra and e["message"].startswith("Global rank"):  # "... is not part of group"
