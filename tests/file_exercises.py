@@ -143,7 +143,20 @@ TOKEN_RING = Exercise(nb05.token_ring, "token_ring.py", right={
         "group=group, group_dst=right", "dst=right, group=group").replace(
         "group=group, group_src=left", "src=left, group=group"))],
         ("rank 1 called send with dst=1 (itself): dst= is a rank of the whole world",
-         "a group of ranks [1, 2], the group's ranks [0, 1]", "group_dst="), 3),
+         "a group of ranks [1, 2], the group's ranks [0, 1]",
+         "name a rank of the group with group_dst= and group=group"), 3),
+    "group_dst= without group=": Wrong([(EVEN_ODD, EVEN_ODD.replace("group=group, ", ""))], (
+        "rank 1 called send with group_dst=1 and no group=: group_dst= without group= names a "
+        "rank of the whole world's group", "pass group=group too"), 3,
+        never=("dst= is a rank of the whole world", ALONE)),
+    "a neighbour written as a number, no case for one process": Wrong([
+        ("    if n == 1:\n        return token.clone()  # alone on the ring: my right "
+         "neighbour is me\n", ""),
+        ("if rank % 2 == 0:  # even ranks send first...\n        dist.send(token, group=group, "
+         "group_dst=right)", "if rank == 0:\n        dist.send(token, group=group, group_dst=1)")],
+        ("rank 0 called send to the group's rank 1, a number written in your code, but the "
+         "group passed to the function has 1 rank (ranks [0]): rank 0 is alone in its group",
+         ALONE), never=("take the rank and the size",)),
     "neighbours looked up in a list": Wrong([
         ("right, left = (rank + 1) % n, (rank - 1) % n",
          "ranks = list(range(n))\n    right, left = ranks[rank + 1], ranks[rank - 1]")],
@@ -189,7 +202,10 @@ TOKEN_RING_ASYNC = Exercise(nb05.token_ring_async, "token_ring_async.py", right=
         "group=group, group_dst=(rank + 1) % n", "dst=(rank + 1) % n, group=group").replace(
         "group=group, group_src=(rank - 1) % n", "src=(rank - 1) % n, group=group"))],
         ("rank 1 called isend with dst=1 (itself): dst= is a rank of the whole world",
-         "group_dst="), 3),
+         "name a rank of the group with group_dst= and group=group"), 3),
+    "waits on the handles' futures": Wrong([(START_AND_WAIT, START_AND_WAIT.replace(
+        ".wait()", ".get_future().wait()"))], "Work::getFuture not implemented: Gloo's isend "
+        "and irecv handles have no future; wait on the handle itself"),
     "no case for one process": Wrong([("    if n == 1:\n        return token.clone()\n", "")],
                                      ("rank 0, workspace/token_ring_async.py line "
                                       "{line:dist.isend(} in pass_token_async:",
@@ -285,7 +301,27 @@ MY_RING = Exercise(nb06.my_ring, "my_ring.py", right={
         "group=group, group_dst=right", "dst=right, group=group").replace(
         "group=group, group_src=left", "src=left, group=group"))],
         ("rank 1 called isend with dst=1 (itself): dst= is a rank of the whole world",
-         "group_dst="), 3),
+         "name a rank of the group with group_dst= and group=group"), 3),
+    "chunks of numel // N numbers": Wrong([("torch.tensor_split(flat, n)",
+                                            "[flat[c * (flat.numel() // n):(c + 1) * "
+                                            "(flat.numel() // n)] for c in range(n)]")],
+                                          ("the last 1 of the 11 numbers (numel mod N = 11 mod "
+                                           "2) were never summed",
+                                           "The chunks do not cover the tensor"), shared=True,
+                                          never=("tensor_split",)),
+    "a new tensor, not the chunk": Wrong([("mine += incoming", "mine = mine + incoming")], (
+        "`mine = mine + incoming` (line {line:mine = mine + incoming}) makes a new tensor",
+        "add in place (+= or add_) into the tensor's own chunk"), shared=True),
+    "receives into its own chunk": Wrong([(
+        "        incoming = torch.empty_like(mine)  # (chunk,) lands here first, then is added\n"
+        "        exchange(chunks[(rank - step - 1) % n], incoming)\n"
+        "        mine += incoming", "        exchange(chunks[(rank - step - 1) % n], mine)\n"
+                                    "        mine += chunks[(rank - step - 1) % n]")],
+        "rank r adds its own chunk (r - s - 1) % N, the one it sends, to the chunk its left "
+        "neighbour sent, (r - s - 2) % N"),
+    "adds what arrives twice": Wrong([("mine += incoming", "mine += 2 * incoming")],
+                                     "rank 0 first differs from dist.all_reduce at number 0 of 12",
+                                     shared=True),
     "a float32 buffer": Wrong([("torch.empty_like(mine)", "torch.empty(mine.shape)")],
                               ("was ended by Gloo", "float64",
                                "or the buffer has another dtype than the tensor"))}, library={

@@ -66,6 +66,25 @@ def test_the_hints_name_the_learners_indices_not_the_right_ones():
     assert "(r - s - 1)" not in hint
 
 
+def test_numbers_the_chunks_leave_out_are_named():
+    xs = inputs(3, 11)
+    total = sum(xs)
+    got = [torch.cat([total[:9], x[9:]]) for x in xs]  # chunks of 11 // 3 = 3 numbers each
+    assert name_mistake(xs, got) == ("uncovered", [9, 10], 11)
+    assert mistake_hint(name_mistake(xs, got), 3).startswith(
+        "the last 2 of the 11 numbers (numel mod N = 11 mod 3) were never summed")
+    got[1] = got[1].clone()
+    got[1][9] += 1  # a number no rank kept as it was: not a chunk left out
+    assert name_mistake(xs, got) is None
+
+
+def test_a_chunk_added_to_the_one_it_sends_is_said_so():
+    hint = mistake_hint(("rs_pair", (1, 1, 0, 1)), 2)
+    assert hint.startswith("in the reduce-scatter, rank r adds its own chunk (r - s - 1) % N, "
+                           "the one it sends, to the chunk its left neighbour sent, "
+                           "(r - s - 2) % N")
+
+
 def test_a_message_that_does_not_fit_its_chunk_is_not_simulated():
     xs = inputs(3, 11)  # chunks of 4, 4 and 3 numbers
     assert simulate(xs, (0, 2, 0, 1)) is None

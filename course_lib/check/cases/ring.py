@@ -16,6 +16,8 @@ with the sum (naming a known mistake from its numbers), and checks the bytes eac
 
 from __future__ import annotations
 
+import ast
+
 import torch
 import torch.distributed as dist
 
@@ -121,8 +123,9 @@ def _short(values: torch.Tensor) -> str:
     return str(shown)[:-1] + (", ...]" if values.numel() > 6 else "]")
 
 
-def judge_values(spec: dict, by_rank: dict, n: int) -> None:
-    """The sum on every rank, in the caller's tensor; a wrong one named by its mistake."""
+def judge_values(spec: dict, by_rank: dict, n: int, path: str = "") -> None:
+    """The sum on every rank, in the caller's tensor; a wrong one named by its mistake (the
+    learner's file at ``path`` may say why the chunks kept their own numbers)."""
     inputs, got = _values(by_rank, "input", n), _values(by_rank, "got", n)
     expected = _values(by_rank, "expected", n)
     wrong = [r for r in range(n) if not torch.equal(got[r], expected[r])]
@@ -131,13 +134,18 @@ def judge_values(spec: dict, by_rank: dict, n: int) -> None:
     if all(torch.equal(g, x) for g, x in zip(got, inputs, strict=True)):
         _unchanged(spec, by_rank, wrong[0])
     mistake = name_mistake(inputs, got)
+    rebinding = rebound_sum(path) if mistake == ("overwrite",) and path else None
+    expect(rebinding is None, rebinding or "")
     if mistake:
         expect(False, mistake_hint(mistake, n))
     r = wrong[0]
-    expect(False, f"rank {r} holds {_short(got[r])}, dist.all_reduce gives "
-                  f"{_short(expected[r])}, and no mistake the checker knows gives these "
-                  "numbers: follow one chunk through the ring, which rank sends it in each "
-                  "step and into which chunk the receiver adds (or stores) it")
+    i = int(torch.nonzero(got[r] != expected[r])[0])  # the first number that differs
+    expect(False, f"rank {r} first differs from dist.all_reduce at number {i} of "
+                  f"{got[r].numel()}: from there it holds {_short(got[r][i:])}, "
+                  f"dist.all_reduce gives {_short(expected[r][i:])}, and no mistake the "
+                  "checker knows gives these numbers: follow one chunk through the ring, which "
+                  "rank sends it in each step and into which chunk the receiver adds (or "
+                  "stores) it")
 
 
 def judge_bytes(by_rank: dict, n: int) -> None:
@@ -147,11 +155,41 @@ def judge_bytes(by_rank: dict, n: int) -> None:
     expect(found is None, found or "")
 
 
+def rebound_sum(path: str) -> str | None:
+    """A line of ``ring_all_reduce`` that makes a new tensor of a name plus something (``x =
+    x + y``), where the chunk was meant to change in place: the sentence that says so."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError):
+        return None
+    ring = next((node for node in tree.body if isinstance(node, ast.FunctionDef)
+                 and node.name == "ring_all_reduce"), None)
+    for node in ast.walk(ring) if ring else ():
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and _adds_to(node.value,
+                                                                       node.targets[0].id)):
+            return (f"each chunk of the result is one rank's own numbers, not a sum: "
+                    f"`{ast.unparse(node)}` (line {node.lineno}) makes a new tensor and binds "
+                    "the name to it, so the chunk inside the tensor never changes; add in "
+                    "place (+= or add_) into the tensor's own chunk")
+    return None
+
+
+def _adds_to(value: ast.expr, name: str) -> bool:
+    """Whether ``value`` is ``name + something`` or ``something + name`` (not a number)."""
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
+        return False
+    sides = (value.left, value.right)
+    return (any(isinstance(v, ast.Name) and v.id == name for v in sides)
+            and not any(isinstance(v, ast.Constant) for v in sides))
+
+
 def judge(spec: dict, by_rank: dict, run) -> None:
     n = len(by_rank)
     for rank in range(n):
         judge_calls(rank, by_rank[rank])
-    judge_values(spec, by_rank, n)
+    judge_values(spec, by_rank, n, run.path)
     judge_bytes(by_rank, n)
 
 

@@ -8,7 +8,8 @@ and stores what arrives in chunk (r - s - ag_keep), all mod N. The course's ring
 (1, 2, 0, 1); any (a, a + 1, a - 1, a) is right. ``name_mistake`` compares a learner's
 results with the mean, a ring without its all-gather, one whose receivers replace where they
 should add (or add where they should replace), and every wrong set of indices, with the
-chunks cut the larger first (``torch.tensor_split``, ``chunk_bounds``) or the larger last.
+chunks cut the larger first (``torch.tensor_split``, ``chunk_bounds``) or the larger last;
+then chunks that leave numbers out (each rank holds its own there, never summed).
 ``REFUSED`` names what a ring is built without: 6.3's checker reads, before any launch,
 whether ``ring_all_reduce`` calls one of them (the tracer still catches a call made by way of
 a helper).
@@ -121,8 +122,9 @@ def _named_by_indices(inputs, got, bounds) -> tuple | None:
 
 
 def name_mistake(inputs: list[torch.Tensor], got: list[torch.Tensor]) -> tuple | None:
-    """("mean",), ("scatter_only",), ("overwrite",), ("gather_adds",) or (kind, offsets) with
-    kind one of rs_pair, ag_pair, ag_start; None when no known mistake gives ``got``.
+    """("mean",), ("scatter_only",), ("overwrite",), ("gather_adds",), (kind, offsets) with
+    kind one of rs_pair, ag_pair, ag_start, or ("uncovered", positions, numel) for chunks that
+    leave numbers out; None when no known mistake gives ``got``.
 
     ``inputs`` and ``got``: every rank's flat tensor, as float64.
     """
@@ -136,7 +138,20 @@ def name_mistake(inputs: list[torch.Tensor], got: list[torch.Tensor]) -> tuple |
             found = finder(inputs, got, bounds)
             if found:
                 return found
-    return None
+    return _never_summed(inputs, got, total)
+
+
+def _never_summed(inputs, got, total) -> tuple | None:
+    """("uncovered", positions, numel): every rank holds the sum but at ``positions``, where
+    it holds its own input (the chunks left those numbers out); None otherwise. Inputs are
+    positive, so a number left out never equals its sum."""
+    left_out = [g != total for g in got]
+    positions = torch.nonzero(left_out[0]).flatten().tolist()
+    if not positions or any(not torch.equal(m, left_out[0]) for m in left_out):
+        return None
+    if any(not torch.equal(g[m], x[m]) for g, x, m in zip(got, inputs, left_out, strict=True)):
+        return None
+    return ("uncovered", positions, total.numel())
 
 
 PHASE_HINTS = {
@@ -161,7 +176,13 @@ def mistake_hint(mistake: tuple, n: int) -> str:
     kind = mistake[0]
     if kind in PHASE_HINTS:
         return PHASE_HINTS[kind]
+    if kind == "uncovered":
+        return _uncovered_hint(mistake[1], mistake[2], n)
     send, keep, ag_send, ag_keep = mistake[1]
+    if kind == "rs_pair" and (keep - send) % n == 0:  # the chunk it sends gets the message
+        return (f"in the reduce-scatter, rank r adds its own chunk {formula(send, n)}, the one "
+                f"it sends, to the chunk its left neighbour sent, (r - s - {send % n + 1}) % N: "
+                "partial sums of different chunks are added together")
     if kind == "rs_pair":
         return (f"in the reduce-scatter, rank r sends chunk {formula(send, n)} but adds what "
                 f"arrives into chunk {formula(keep, n)}: that is not the chunk its left "
@@ -175,6 +196,19 @@ def mistake_hint(mistake: tuple, n: int) -> str:
             f"reduce-scatter leaves the full sum of chunk {formula(send - 1, n, step=False)} "
             f"on rank r, but all-gather step 0 sends chunk {formula(ag_send, n, step=False)}, "
             "which holds only a partial sum")
+
+
+def _uncovered_hint(positions: list[int], numel: int, n: int) -> str:
+    """Numbers the chunks left out: each rank kept its own there, never summed."""
+    tail = numel % n
+    if positions == list(range(numel - tail, numel)):
+        return (f"the last {tail} of the {numel} numbers (numel mod N = {numel} mod {n}) were "
+                "never summed: each rank holds its own there. The chunks do not cover the "
+                "tensor: N chunks of numel // N numbers leave the rest out")
+    shown = ", ".join(map(str, positions[:4])) + (", ..." if len(positions) > 4 else "")
+    return (f"{len(positions)} of the {numel} numbers (at {shown}) were never summed: each "
+            "rank holds its own there. The chunks do not cover the tensor: together they "
+            "must hold every number once")
 
 
 REFUSED = (*(f"torch.distributed.{name}" for name in COLLECTIVES),

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from course_lib.check.cases import expect_waited, members, with_group_case
 from course_lib.check.checker import expect
+from course_lib.check.mp.groups import ALONE_IN_GROUP, PeerOutsideGroup
 from course_lib.check.mp.harness import FileExercise
 from course_lib.check.mp.tracer import COLLECTIVES, Tracer
 from course_lib.check.mp.verdict import Advice
@@ -97,7 +98,10 @@ WRONG_KIND = {  # function -> (calls it must not make, why)
 
 
 def explain(error: dict, text: str) -> str:
-    """One more line for an error of the one-process case (a rank sending to itself)."""
+    """One more line for an error of the one-process case (a rank sending to itself, or to
+    a neighbour written as a number); none for a peer the tracer named otherwise."""
+    if error["type"] == PeerOutsideGroup.__name__:
+        return ALONE if ALONE_IN_GROUP in error["message"] else ""
     sends_to_itself = ("should not be the same as the rank", NOT_CONNECTED)
     return ALONE if any(s in error["message"] for s in sends_to_itself) else ""
 
