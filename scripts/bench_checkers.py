@@ -103,18 +103,27 @@ def unpack(rev: str, folder: Path) -> Path:
     return folder
 
 
+def comparable(then: dict | None) -> bool:
+    """The other commit judged the same answers: its checker called the notebook's answer right
+    (a checker that refuses it, say for an import it did not allow yet, times something else)."""
+    return bool(then) and then.get("right", [0.0, "correct"])[1] == "correct"
+
+
 def table(results: dict, before: bool) -> list[str]:
     head = "| exercise | " + " | ".join(
         f"{kind} (before)" if before else kind for kind in KINDS) + " |"
-    rows = [head, "|" + "---|" * (len(KINDS) + 1)]
+    rows, notes = [head, "|" + "---|" * (len(KINDS) + 1)], []
     for key, (now, then) in results.items():
         cells = []
         for kind in KINDS:
             new = f"{now[kind][0]:.1f} s" if kind in now else "-"
-            old = f" ({then[kind][0]:.1f} s)" if then and kind in then else ""
-            cells.append(new + old)
+            old = f" ({then[kind][0]:.1f} s)" if comparable(then) and kind in then else ""
+            cells.append(new + old + (" (n/a)" if then and not comparable(then) else ""))
         rows.append(f"| {key} | " + " | ".join(cells) + " |")
-    return rows
+        if then and not comparable(then):
+            notes.append(f"n/a: the other commit's checker of {key} refused the notebook's "
+                         f"answer ({then['right'][1]}), so its times are not comparable")
+    return rows + notes
 
 
 def median_times(runs: list[dict]) -> dict:
@@ -162,7 +171,8 @@ def measure_all(jobs: dict, ns, results: dict) -> None:
             results[key] = (median_times(now), median_times(then) if then else None)
             for kind in now[-1]:
                 print(f"[time] {key} {kind}: {results[key][0][kind][0]:.1f} s"
-                      + (f" (before: {results[key][1][kind][0]:.1f} s)" if then else "")
+                      + (f" (before: {results[key][1][kind][0]:.1f} s, "
+                         f"{results[key][1][kind][1][:30]})" if then else "")
                       + f"  {results[key][0][kind][1]}", flush=True)
 
 
