@@ -122,7 +122,7 @@ def table(results: dict, before: bool) -> list[str]:
         rows.append(f"| {key} | " + " | ".join(cells) + " |")
         if then and not comparable(then):
             notes.append(f"n/a: the other commit's checker of {key} refused the notebook's "
-                         f"answer ({then['right'][1]}), so its times are not comparable")
+                         f"answer (\"{then['right'][1]}...\"), so its times are not comparable")
     return rows + notes
 
 
