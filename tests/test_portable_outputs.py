@@ -6,6 +6,11 @@ BLAS. nbval compares every saved line, so such a figure may only appear masked: 
 ``rounding()`` as ``~3e-07``, which ``notebooks/nbval_sanitize.cfg`` blanks, beside the bound the
 cell asserts (``(below 1e-6)``), which every CPU meets.
 
+A figure below ``LEVEL`` is treated so: float32 rounds at 1e-7, float16 and bfloat16 at 1e-3 to
+1e-2, and an effect of Adam's ``eps`` sits between them. A figure printed in fixed form as all zeros
+(``0.0000``) hides which of these it is, and may print as ``-0.0000`` elsewhere: print an exact
+zero as ``0``.
+
 After the sanitize rules are applied to a saved output, any figure below ``LEVEL`` still shown
 fails, unless it is a bound written by hand: a power of ten (``1e-6``, not Python's ``1e-06``)
 right after a word that makes it one (``below``, ``at most``, ``rtol`` ...), or one with a one-digit
@@ -25,9 +30,10 @@ from course_lib.lessons.notebook_setup import rounding
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 SANITIZE_CFG = ROOT / "notebooks" / "nbval_sanitize.cfg"
-LEVEL = 1e-5  # a figure below this is at rounding level in float32 (machine epsilon 1.2e-7)
+LEVEL = 1e-3  # rounding level for the 16-bit floats (float16 eps 9.8e-4), and float32's below
 FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([-+]?\d+)(?![\w.])")
 TINY_DECIMAL = re.compile(r"(?<![\w.])0\.0{5,}[1-9]\d*")  # 0.0000003: the same, unscientific
+FIXED_ZERO = re.compile(r"(?<![\w.])-?0\.0{3,}(?![\d])")  # 0.0000: a figure rounded away
 BOUND_WORD = re.compile(r"(below|under|above|at most|at least|within|than|rtol|atol|"
                         r"tolerance|equal to|<=|>=|<|>)[ =]*$")
 
@@ -67,7 +73,8 @@ def unmasked_figures(text: str, rules) -> list[str]:
             value = float(match.group(0))
             if 0 < value < LEVEL and not is_written_bound(line, match):
                 found.append(f"{match.group(0)} in: {line.strip()}")
-        found += [f"{m.group(0)} in: {line.strip()}" for m in TINY_DECIMAL.finditer(line)]
+        found += [f"{m.group(0)} in: {line.strip()}" for pattern in (TINY_DECIMAL, FIXED_ZERO)
+                  for m in pattern.finditer(line)]
     return found
 
 
@@ -96,6 +103,9 @@ def test_no_saved_output_shows_an_unmasked_rounding_level_figure(path):
     "differ by 0.0000003",
     "at most 2e-07 (rtol 1e-5)",
     "error 1e-12 after 8 steps",                               # no bound word: measured
+    "Adam     parameters off by  1.4e-04: hidden",             # eps-level, no bound beside it
+    "float16 relative error 2e-04 (below 1e-3)",               # float16 rounding, unmasked
+    "largest gap after step 1: 0.0000",                        # rounded away, fixed form
 ])
 def test_a_rounding_level_figure_is_caught(line):
     assert len(unmasked_figures(line, sanitize_rules())) == 1
@@ -111,6 +121,8 @@ def test_a_rounding_level_figure_is_caught(line):
     "largest difference to DDP 0.0e+00",                       # exactly zero: any CPU
     "[time] step 3e-07 s",
     "1e-8 in float16: 0.0",                                    # a literal, not a figure
+    "largest gap after steps 1, 4, 8: 0, 0, 0",                # an exact zero, as 0
+    f"Adam     parameters off by {rounding(1.4e-4)} (below 1e-3): hidden",
 ])
 def test_masked_figures_bounds_and_large_figures_pass(line):
     assert unmasked_figures(line, sanitize_rules()) == []
