@@ -114,13 +114,13 @@ def table(results: dict, before: bool) -> list[str]:
         f"{kind} (before)" if before else kind for kind in KINDS) + " |"
     rows, notes = [head, "|" + "---|" * (len(KINDS) + 1)], []
     for key, (now, then) in results.items():
-        cells = []
+        cells, refused = [], bool(then) and not comparable(then)
         for kind in KINDS:
             new = f"{now[kind][0]:.1f} s" if kind in now else "-"
-            old = f" ({then[kind][0]:.1f} s)" if comparable(then) and kind in then else ""
-            cells.append(new + old + (" (n/a)" if then and not comparable(then) else ""))
+            old = f" ({then[kind][0]:.1f} s)" if then and not refused and kind in then else ""
+            cells.append(new + old + (" (n/a)" if refused else ""))
         rows.append(f"| {key} | " + " | ".join(cells) + " |")
-        if then and not comparable(then):
+        if refused:
             notes.append(f"n/a: the other commit's checker of {key} refused the notebook's "
                          f"answer (\"{then['right'][1]}...\"), so its times are not comparable")
     return rows + notes
