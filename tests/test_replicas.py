@@ -49,6 +49,8 @@ def test_no_sync_drifts_and_different_init_never_meets(setup):
     assert not any(drift["identical"])
     apart = replicas.train_replicas(model, batches, 4, lr=0.2, same_init=False)
     assert min(apart["difference"]) > 0.1
+    gap = apart["difference"]  # the same vector added to each replica: the gap stays put
+    assert max(gap) - min(gap) <= 1e-6 * max(gap)
     for run in (drift, apart):
         ours = gradients.flatten(params(run["replicas"][0]))
         assert gradients.relative_error(ours, reference) > 1e-2
