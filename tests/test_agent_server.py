@@ -11,7 +11,7 @@ import types
 import psutil
 import pytest
 
-from course_lib.runtime import agent_server
+from course_lib.runtime import agent, agent_server
 from course_lib.runtime import launch as launch_module
 from course_lib.runtime.agent_server import AgentServer, agent_server_pid, needs_fresh_agent
 from course_lib.runtime.launch import LaunchError, launch
@@ -122,3 +122,26 @@ def test_the_launchers_child_and_its_server_do_not_import_each_other():
     assert "course_lib.runtime.launch_child" not in imports("agent_server")
     assert "course_lib.runtime.agent_server" not in imports("agent")
     assert "course_lib.runtime.launch_child" not in imports("agent")
+
+
+def test_rendezvous_steps_are_named_as_torchs_own_inspect_names_them(monkeypatch):
+    """The agent reads a rendezvous step's name from the frame (agent.py), not from
+    ``inspect.stack()``: the same name, at every depth torch asks for and beyond the stack."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    torchs = dynamic_rendezvous.get_method_name
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", torchs)
+    agent.name_rendezvous_steps_cheaply()
+    ours = dynamic_rendezvous.get_method_name
+    assert ours is not torchs
+
+    def record(name, depth):  # where torch asks for the name: its handler's _record
+        return name(depth)
+
+    def next_rendezvous_round(name, depth):  # the step that records, and is named
+        return record(name, depth)
+
+    for depth in (0, 1, 2, 3, 10_000):
+        assert next_rendezvous_round(ours, depth) == next_rendezvous_round(torchs, depth), depth
+    assert next_rendezvous_round(ours, 2) == "next_rendezvous_round"
+    assert next_rendezvous_round(ours, 10_000) == "no_method_name"
