@@ -30,7 +30,8 @@ SOCKET_ENV = "COURSE_KERNEL_FORK_SOCKET"  # where a test process's server listen
 FRESH_ENV = "COURSE_TEST_FRESH_KERNELS"
 # matplotlib reads $MPLBACKEND when it is imported, before a kernel sets it: the server imports
 # it without one, and each kernel sets the backend as importing it then would (use_backend)
-PRELOAD = ("torch", "ipykernel.kernelapp", "matplotlib.pyplot")
+# torch._dynamo: what torch's optimizers import at their first step, 1.7 s of CPU in each kernel
+PRELOAD = ("torch", "ipykernel.kernelapp", "matplotlib.pyplot", "torch._dynamo")
 INLINE = "module://matplotlib_inline.backend_inline"  # what ipykernel sets when none is set
 WATCH_S = 0.2  # how often a forked kernel looks whether its client still runs
 

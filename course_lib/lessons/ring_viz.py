@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import torch
 
 from course_lib.core.collectives import ALL_GATHER, REDUCE_SCATTER, chunk_bounds, send_chunk
+
+# pyplot is imported by the functions that draw: the ranks that only read the ring's schedule
+# (demos/ring_trace.py, the checkers of 6.1 and 6.3) would each spend 0.6 s of CPU on it
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,8 @@ def describe_step(world_size: int, t: int) -> list[str]:
 def draw_grid(ax, labels: list[list[str]], shades: list[list[float]], title: str,
               col_name: str = "chunk") -> None:
     """A ranks x columns table: each cell's text and its shade (0 white .. 1 dark)."""
+    import matplotlib.pyplot as plt
+
     cmap = plt.get_cmap("Blues")
     rows, cols = len(labels), len(labels[0]) if labels else 0
     for r in range(rows):
@@ -200,6 +204,8 @@ def draw_grid(ax, labels: list[list[str]], shades: list[list[float]], title: str
 
 def draw_ring_step(world_size: int, t: int, ax=None):
     """The grid after step t; the copies that received a chunk in that step are outlined."""
+    import matplotlib.pyplot as plt
+
     state = ring_states(world_size)[t]
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(
         figsize=(1.3 * world_size + 1.5, 0.7 * world_size + 1.2))
@@ -218,6 +224,8 @@ def draw_ring_step(world_size: int, t: int, ax=None):
 
 def draw_ring_steps(world_size: int = 4):
     """Every step of the ring side by side: the whole algorithm in one picture."""
+    import matplotlib.pyplot as plt
+
     total = 2 * (world_size - 1) + 1
     cols = min(total, 4)
     rows = -(-total // cols)
@@ -246,6 +254,7 @@ def ring_view(world_size: int = 4, step: int = 3) -> dict:
 def ring_explorer(world_size: int = 4):
     """A slider through the 2(N - 1) steps of the ring, for N processes."""
     import ipywidgets as w
+    import matplotlib.pyplot as plt
 
     def show(world_size: int, step: int) -> None:
         step = min(step, 2 * (world_size - 1))
@@ -261,6 +270,8 @@ def ring_explorer(world_size: int = 4):
 
 def draw_before_after(name: str, before: list[list[float]], after: list) -> object:
     """05's picture of one collective: what each rank holds before and after."""
+    import matplotlib.pyplot as plt
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(7.0, 0.45 * len(before) + 1.0),
                                       width_ratios=[max(len(r) for r in before),
                                                     max(len(a or []) for a in after) or 1])
