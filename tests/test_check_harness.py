@@ -1,9 +1,12 @@
 """Which world sizes a multi-process checker launches, and reports of the engine (its verdict,
 its tracer) that no one exercise's spec holds."""
 
+import json
+
 import pytest
 
 from course_lib.check.mp.harness import WORLD_SIZES, WORLD_SIZES_ENV, world_sizes_to_run
+from course_lib.check.mp.tracer import CaseLog, Tracer
 
 
 def test_every_world_size_unless_the_environment_names_some(monkeypatch):
@@ -72,3 +75,24 @@ def test_an_all_reduce_on_the_whole_world_in_a_hook_is_named_before_gloo_fails(w
             "function a group of ranks [1, 2]: rank 0, outside it, never calls it") in hint, hint
     assert "pass that group to dist.all_reduce (group=...)" in hint, hint
     assert "Connection" not in hint, hint
+
+
+def test_a_wait_is_written_at_once_and_the_return_to_own_code_by_the_watch(tmp_path):
+    """Gloo may abort a rank inside a call, so a status that waits is on disk before the call;
+    one that says the rank runs its own code again is written by the watch (or with a saved
+    result), once, however often it was noted."""
+    tracer = Tracer(str(tmp_path), 0, str(tmp_path / "mine.py"))
+    tracer.log = CaseLog()
+
+    def on_disk() -> dict:
+        return json.loads((tmp_path / "status0.json").read_text())
+
+    tracer.status(op="recv", peer=1, line=7)
+    assert on_disk()["op"] == "recv" and on_disk()["peer"] == 1
+    tracer.status(op=None)
+    assert on_disk()["op"] == "recv"  # not yet: the watch writes it
+    tracer.publish_status()
+    assert on_disk()["op"] is None
+    (tmp_path / "status0.json").unlink()
+    tracer.publish_status()  # nothing new since: no second write
+    assert not (tmp_path / "status0.json").exists()

@@ -86,6 +86,7 @@ def run_learner(path: str, run_dir: str, cases, specs, groups, tracer: Tracer, w
               "error": None}
 
     def save(finished: bool = False) -> None:
+        tracer.publish_status()  # the status beside each result: the verdict reads both
         write_json_atomic(result_path(run_dir, w.rank), {**report, "finished": finished})
 
     tracer.retarget(run_dir, path, report)

@@ -37,6 +37,7 @@ import linecache
 import os
 import re
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -175,6 +176,7 @@ class Tracer(GroupChecks):
         self.where_path = os.path.join(run_dir, f"where{rank}.json")
         self.log: CaseLog | None = None  # the case being watched, or None
         self.case, self.members, self.last = "", None, {}
+        self._published, self._publishing = None, threading.Lock()  # the status last written
         self.inside = None  # the library function running now, if any
         self.control = None  # the checker's own group of every rank (program.make_groups)
         self.report = None  # the result the program is writing (the watch ends it, stuck)
@@ -230,9 +232,8 @@ class Tracer(GroupChecks):
         case this rank finished last and how often it called each collective in it (a peer
         may wait in one of them)."""
         for op in (BETWEEN, None):
-            self.last = {**self.last, "rank": self.rank, "time": time.time(), "op": op,
-                         "line": None}
-            write_json_atomic(self.status_path, self.last)
+            self._note({**self.last, "rank": self.rank, "time": time.time(), "op": op,
+                        "line": None})
             if op:
                 dist.barrier(group=self.control)
 
@@ -248,9 +249,27 @@ class Tracer(GroupChecks):
         if self.log is None:
             return
         calls = dict(collections.Counter(self.log.collectives))
-        self.last = {"rank": self.rank, "case": self.case, "time": time.time(),
-                     "collectives": calls, **fields}
-        write_json_atomic(self.status_path, self.last)
+        self._note({"rank": self.rank, "case": self.case, "time": time.time(),
+                    "collectives": calls, **fields})
+
+    def _note(self, status: dict) -> None:
+        """A status that waits (an op) is written at once: Gloo may abort the process inside
+        that call, and the verdict reads where it was. Back in its own code (op None), the
+        rank leaves the writing to the watch, every ``WATCH_S``: a file for each end of a
+        call cost a tenth of a checker's CPU, and the watch calls a deadlock only when no
+        status has changed for ``STUCK_S``."""
+        self.last = status
+        if status.get("op"):
+            self.publish_status()
+
+    def publish_status(self) -> None:
+        """Write the status to ``status{R}.json`` if it changed since the last write (the
+        program does with every result it saves, the watch every ``WATCH_S``)."""
+        with self._publishing:  # the watch's thread and the main one: the newest written last
+            last = self.last
+            if last is not self._published:
+                write_json_atomic(self.status_path, last)
+                self._published = last
 
     # ---- installing the wrappers ------------------------------------------------------------
 

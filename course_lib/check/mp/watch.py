@@ -2,11 +2,12 @@
 
 - Where the learner's code is: every half second, the line of the learner's file the main
   thread is on, into ``where{R}.json`` (it tells an endless loop from a wait).
-- Whether every rank waits: each rank's tracer writes what it waits in (``status{R}.json``:
-  a message, a collective, the checker's own barrier between cases). When every rank of the
-  launch waits, at least one of them in the learner's code, and no status has changed for
-  ``STUCK_S``, no message can ever arrive: each rank records the deadlock as its error (kind
-  "timeout", as the process group's timeout would) and leaves, seconds before that timeout.
+- Whether every rank waits: each rank's tracer notes what it waits in (a message, a
+  collective, the checker's own barrier between cases), and this thread writes it to
+  ``status{R}.json`` every ``WATCH_S``. When every rank of the launch waits, at least one of
+  them in the learner's code, and no status has changed for ``STUCK_S``, no message can ever
+  arrive: each rank records the deadlock as its error (kind "timeout", as the process
+  group's timeout would) and leaves, seconds before that timeout.
   A wait the tracer cannot see (inside torch's DDP, say) still ends with the timeout.
 """
 
@@ -56,6 +57,7 @@ class Watch:
     def run(self) -> None:
         while True:
             time.sleep(WATCH_S)
+            self.tracer.publish_status()  # what this rank does now, for its peers' watches
             now = time.monotonic()
             if now - self._last_where >= WHERE_EVERY_S:
                 self._last_where = now
