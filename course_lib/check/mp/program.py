@@ -86,8 +86,9 @@ def run_learner(path: str, run_dir: str, cases, specs, groups, tracer: Tracer, w
               "error": None}
 
     def save(finished: bool = False) -> None:
-        tracer.publish_status()  # the status beside each result: the verdict reads both
         write_json_atomic(result_path(run_dir, w.rank), {**report, "finished": finished})
+        tracer.publish_status()  # the status beside it (the result first: a rank Gloo ends
+        # at this moment keeps what it found)
 
     tracer.retarget(run_dir, path, report)
     seed_everything(0)  # as worker(seed=0) left the generators for a launch of its own
