@@ -4,6 +4,7 @@
 """
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,6 +115,20 @@ def test_a_hung_rank_is_stopped_after_the_timeout():
         launch(FAULTS, nproc=2, args=["--mode", "hang", "--tag", tag], timeout_s=6, quiet=True)
     assert 6 <= time.monotonic() - start < 6 + HANG_S  # stopped at the timeout, not later
     assert "did not finish within 6 s" in str(err.value)
+    assert re.search(r"Rank 1 was still running, at:\n.*faults.py\", line \d+ in main: "
+                     r"time.sleep\(3600\)", str(err.value)), str(err.value)  # its stack
+    assert re.search(r"Rank 0 was still running, at:\n.*: dist.all_reduce", str(err.value))
+    assert_nothing_left(tag)
+
+
+def test_a_rank_that_never_joins_is_named_with_where_it_was():
+    tag = new_tag()
+    with pytest.raises(LaunchError) as err:
+        launch(FAULTS, nproc=3, args=["--mode", "late", "--rank", "2", "--tag", tag],
+               timeout_s=HANG_S, quiet=True, env={"COURSE_PG_TIMEOUT_S": "3"})
+    message = str(err.value)
+    assert "wait timeout" in message, message  # a peer timed out waiting for rank 2 to join
+    assert re.search(r"Rank 2 was still running, at:\n.*time.sleep\(3600\)", message), message
     assert_nothing_left(tag)
 
 

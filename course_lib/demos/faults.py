@@ -5,7 +5,8 @@
 
 Modes: ``raise`` (rank R raises), ``killed`` (rank R is killed by SIGKILL), ``hang`` (rank R
 never joins the all-reduce the others wait in), ``never-start`` (rank R exits before joining
-the process group), ``sleep`` (every rank sleeps ``--seconds``, then all finish).
+the process group), ``late`` (rank R never joins the process group: the others time out
+waiting for it), ``sleep`` (every rank sleeps ``--seconds``, then all finish).
 Any world size >= 2 (``sleep`` also 1).
 ``--tag`` is ignored by the program: tests use it to find the processes afterwards.
 """
@@ -25,7 +26,7 @@ from course_lib.runtime.worker import worker
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", required=True,
-                   choices=["raise", "killed", "hang", "never-start", "sleep"])
+                   choices=["raise", "killed", "hang", "never-start", "late", "sleep"])
     p.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
     p.add_argument("--seconds", type=float, default=60.0, help="how long 'sleep' sleeps")
     p.add_argument("--tag", default="", help="a marker that tests look for")
@@ -38,6 +39,8 @@ def main(argv=None) -> None:
     if args.mode == "never-start" and rank == args.rank:
         print(f"rank {rank} exits before joining the process group", flush=True)
         sys.exit(3)
+    if args.mode == "late" and rank == args.rank:
+        time.sleep(3600)  # the others time out waiting for it to join
     with worker(seed=0) as w:
         print(f"rank {w.rank} joined ({args.mode})", flush=True)
         if args.mode == "sleep":

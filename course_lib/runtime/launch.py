@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -247,7 +248,8 @@ def _timeout_message(target: str, timeout_s: float, logs: RankLogs) -> str:
     which = ", ".join(map(str, running)) if running else "none"
     return (f"{target} did not finish within {timeout_s:g} s; every process was stopped. "
             f"Ranks still running at the time: {which} (a rank waiting in a collective for a "
-            f"peer that never joins looks like this).\n{logs.tails(running or None)}")
+            f"peer that never joins looks like this).\n{logs.tails(running or None)}"
+            + (f"\n{logs.where_stopped(running)}" if running else ""))
 
 
 def _failure_message(target: str, rank, logs: RankLogs, agent_text: str) -> str:
@@ -261,8 +263,12 @@ def _failure_message(target: str, rank, logs: RankLogs, agent_text: str) -> str:
         how = f"was killed by signal {-code} ({_signal_name(-code)})"
     else:
         how = f"failed (exit code {code})"
-    return (f"rank {rank_id} {how} in {target}; every process was stopped. "
-            f"Last lines of rank {rank_id}:\n{logs.tails([rank_id])}")
+    message = (f"rank {rank_id} {how} in {target}; every process was stopped. "
+               f"Last lines of rank {rank_id}:\n{logs.tails([rank_id])}")
+    waiting = [r for r in logs.ranks_without_exit() if r != rank_id]
+    if waiting and re.search(r"time(d)? ?out", logs.tails([rank_id]), re.IGNORECASE):
+        message += f"\n{logs.where_stopped(waiting)}"  # it waited for them: say where they were
+    return message
 
 
 def _signal_name(number: int) -> str:

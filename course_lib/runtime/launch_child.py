@@ -19,9 +19,11 @@ all do (``die_with_parent``, ``run_agent``, ...) is in ``agent.py``, which impor
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -131,6 +133,15 @@ def leave(code: int = 0) -> None:
     os._exit(code)
 
 
+def write_stack_when_stopped(path: str) -> None:
+    """Stopped from outside (by torchrun or the launcher, with SIGTERM), write where each
+    thread was to ``path``, then end as SIGTERM ends a process: the launcher quotes it for a
+    rank that never finished (``RankLogs.where_stopped``). Not on Windows."""
+    if hasattr(faulthandler, "register"):
+        stack = open(path, "w")  # noqa: SIM115 - faulthandler keeps it, open, to the end
+        faulthandler.register(signal.SIGTERM, file=stack, all_threads=True, chain=True)
+
+
 def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     """One rank: tie to the agent, redirect output, run the target, record the exit."""
     default_signal_handlers()
@@ -139,6 +150,7 @@ def run_worker(run_dir: str, target: str, args: list[str]) -> None:
     redirect_output(os.path.join(run_dir, f"rank{rank}.log"))
     with open(os.path.join(run_dir, f"rank{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))  # lets the launcher notice a rank killed by a signal
+    write_stack_when_stopped(os.path.join(run_dir, f"rank{rank}.stack"))
     exit_path = os.path.join(run_dir, f"rank{rank}.exit")
     EXIT_RECORD.update(path=exit_path, rank=rank)
     code, error = 0, None

@@ -8,15 +8,20 @@ folder (see ``course_lib.runtime.launch_child``); these helpers read them.
 from __future__ import annotations
 
 import glob
+import linecache
 import os
 import re
 import signal
 import subprocess
+import sysconfig
 import time
 
 import psutil
 
 from course_lib.runtime.files import read_json, read_text
+
+STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+LAUNCHER_FILES = ("launch_child.py", "agent.py", "agent_server.py", "runpy.py")  # not the rank's
 
 
 class RankLogs:
@@ -73,6 +78,43 @@ class RankLogs:
     def ranks_without_exit(self) -> list[int]:
         return [r for r in range(self.nproc)
                 if not os.path.exists(os.path.join(self.run_dir, f"rank{r}.exit"))]
+
+    def where_stopped(self, ranks) -> str:
+        """For each rank in ``ranks``, where its own code was when it was stopped (the stack
+        it wrote on SIGTERM, innermost frame first, torch's and Python's frames left out)."""
+        parts = []
+        for rank in ranks:
+            frames = own_frames(read_text(os.path.join(self.run_dir, f"rank{rank}.stack")))
+            where = ("\n".join(f"  [rank {rank}] {f}" for f in frames[:3]) if frames
+                     else f"  [rank {rank}] (no stack: it had not started its code)")
+            parts.append(f"Rank {rank} was still running, at:\n{where}")
+        return "\n".join(parts)
+
+
+def own_frames(stack_text: str) -> list[str]:
+    """The frames of the rank's main thread (the one in ``run_worker``) from a faulthandler
+    dump, innermost first, without the frames of torch, of Python itself and of the launcher."""
+    for block in stack_text.split("\n\n"):
+        lines = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
+        if any(line.endswith("in run_worker") for line in lines):
+            return [_with_source(line) for line in lines if not _library_frame(line)]
+    return []
+
+
+def _path_and_line(frame: str) -> tuple[str, int]:
+    match = re.match(r'File "(.*)", line (\d+)', frame)
+    return (match[1], int(match[2])) if match else ("", 0)
+
+
+def _library_frame(frame: str) -> bool:
+    path, _ = _path_and_line(frame)
+    return (not path or path.startswith("<") or "/site-packages/" in path
+            or path.startswith(STDLIB) or path.endswith(LAUNCHER_FILES))
+
+
+def _with_source(frame: str) -> str:
+    source = linecache.getline(*_path_and_line(frame)).strip()
+    return f"{frame}: {source}" if source else frame
 
 
 class Progress:
