@@ -110,15 +110,22 @@ def test_a_rank_killed_by_a_signal_is_named_not_the_peer_it_disconnected():
 
 def test_a_hung_rank_is_stopped_after_the_timeout():
     tag = new_tag()
-    start = time.monotonic()
-    with pytest.raises(LaunchError) as err:
-        launch(FAULTS, nproc=2, args=["--mode", "hang", "--tag", tag], timeout_s=6, quiet=True)
-    assert 6 <= time.monotonic() - start < 6 + HANG_S  # stopped at the timeout, not later
-    assert "did not finish within 6 s" in str(err.value)
+    for timeout_s in (6, 20):  # a loaded machine may not reach the hang within 6 s: again
+        start = time.monotonic()
+        with pytest.raises(LaunchError) as err:
+            launch(FAULTS, nproc=2, args=["--mode", "hang", "--tag", tag], timeout_s=timeout_s,
+                   quiet=True)
+        message = str(err.value)
+        assert timeout_s <= time.monotonic() - start < timeout_s + HANG_S  # at the timeout
+        assert f"did not finish within {timeout_s} s" in message
+        assert_nothing_left(tag)
+        if "rank 0 joined" in message and "rank 1 joined" in message:
+            break
     assert re.search(r"Rank 1 was still running, at:\n.*faults.py\", line \d+ in main: "
-                     r"time.sleep\(3600\)", str(err.value)), str(err.value)  # its stack
-    assert re.search(r"Rank 0 was still running, at:\n.*: dist.all_reduce", str(err.value))
-    assert_nothing_left(tag)
+                     r"time.sleep\(3600\)", message), message  # its stack
+    assert re.search(r"Rank 0 was still running, at:\n.*inside torch/distributed/"
+                     r"distributed_c10d.py, in all_reduce \(line \d+\)\n.*: dist.all_reduce",
+                     message), message  # where in torch it waited, then its own line
 
 
 def test_a_rank_that_never_joins_is_named_with_where_it_was():

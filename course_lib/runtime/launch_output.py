@@ -84,21 +84,38 @@ class RankLogs:
         it wrote on SIGTERM, innermost frame first, torch's and Python's frames left out)."""
         parts = []
         for rank in ranks:
-            frames = own_frames(read_text(os.path.join(self.run_dir, f"rank{rank}.stack")))
-            where = ("\n".join(f"  [rank {rank}] {f}" for f in frames[:3]) if frames
+            stack = read_text(os.path.join(self.run_dir, f"rank{rank}.stack"))
+            frames = [*library_call(stack), *own_frames(stack)[:3]]
+            where = ("\n".join(f"  [rank {rank}] {f}" for f in frames) if frames
                      else f"  [rank {rank}] (no stack: it had not started its code)")
             parts.append(f"Rank {rank} was still running, at:\n{where}")
         return "\n".join(parts)
 
 
-def own_frames(stack_text: str) -> list[str]:
+def main_frames(stack_text: str) -> list[str]:
     """The frames of the rank's main thread (the one in ``run_worker``) from a faulthandler
-    dump, innermost first, without the frames of torch, of Python itself and of the launcher."""
+    dump, innermost first."""
     for block in stack_text.split("\n\n"):
         lines = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
         if any(line.endswith("in run_worker") for line in lines):
-            return [_with_source(line) for line in lines if not _library_frame(line)]
+            return lines
     return []
+
+
+def own_frames(stack_text: str) -> list[str]:
+    """The main thread's frames without those of torch, of Python itself and of the launcher."""
+    return [_with_source(line) for line in main_frames(stack_text) if not _library_frame(line)]
+
+
+def library_call(stack_text: str) -> list[str]:
+    """The innermost frame, when it is a package's (what the rank waited in, such as
+    ``torch/distributed/distributed_c10d.py, in all_reduce``): one line, or none."""
+    frames = main_frames(stack_text)
+    path, line = _path_and_line(frames[0]) if frames else ("", 0)
+    if "/site-packages/" not in path:
+        return []
+    function = frames[0].rsplit(" in ", 1)[-1]
+    return [f"inside {path.split('/site-packages/', 1)[1]}, in {function} (line {line})"]
 
 
 def _path_and_line(frame: str) -> tuple[str, int]:
