@@ -18,6 +18,7 @@ import pytest
 from course_lib.runtime import launch as launch_module
 from course_lib.runtime.agent_server import agent_server_pid
 from course_lib.runtime.launch import LaunchError, launch, save_result
+from course_lib.runtime.launch_output import library_call, own_frames
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULTS = "course_lib.demos.faults"
@@ -360,3 +361,17 @@ def test_the_rank_torchrun_reports_is_blamed_not_the_peer_it_stopped_in_the_same
     watch = RankWatch(str(tmp_path), nproc=2)
     watch.vanished = {0: 100.0, 1: 100.0}
     assert watch.failure(str(agent_log)) == (1, -6)
+
+
+def test_the_package_call_a_rank_waited_in_is_named_wherever_packages_are_installed():
+    for packages in ("/venv/lib/python3.11/site-packages",
+                     "/usr/local/lib/python3.10/dist-packages"):  # pip's; Debian's (Colab)
+        stack = (f'Thread 0x1 (most recent call first):\n'
+                 f'  File "{packages}/torch/distributed/distributed_c10d.py", line 3252 '
+                 f'in all_reduce\n'
+                 f'  File "/work/my_ring.py", line 9 in main\n'
+                 f'  File "/x/course_lib/runtime/launch_child.py", line 160 in run_worker\n')
+        assert library_call(stack) == [
+            "inside torch/distributed/distributed_c10d.py, in all_reduce (line 3252)"]
+        assert own_frames(stack) == ['File "/work/my_ring.py", line 9 in main']
+    assert library_call(stack.replace(f"{packages}/torch", "/work/torch")) == []  # not a package

@@ -21,6 +21,7 @@ import psutil
 from course_lib.runtime.files import read_json, read_text
 
 STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+PACKAGES = re.compile(r"/(?:site|dist)-packages/")  # where pip (or Debian, as on Colab) installs
 LAUNCHER_FILES = ("launch_child.py", "agent.py", "agent_server.py", "runpy.py")  # not the rank's
 
 
@@ -80,8 +81,9 @@ class RankLogs:
                 if not os.path.exists(os.path.join(self.run_dir, f"rank{r}.exit"))]
 
     def where_stopped(self, ranks) -> str:
-        """For each rank in ``ranks``, where its own code was when it was stopped (the stack
-        it wrote on SIGTERM, innermost frame first, torch's and Python's frames left out)."""
+        """For each rank in ``ranks``, where it was when it was stopped (the stack it wrote on
+        SIGTERM): the package call it was inside, if any, then its own frames, innermost first,
+        without torch's, Python's and the launcher's."""
         parts = []
         for rank in ranks:
             stack = read_text(os.path.join(self.run_dir, f"rank{rank}.stack"))
@@ -112,10 +114,11 @@ def library_call(stack_text: str) -> list[str]:
     ``torch/distributed/distributed_c10d.py, in all_reduce``): one line, or none."""
     frames = main_frames(stack_text)
     path, line = _path_and_line(frames[0]) if frames else ("", 0)
-    if "/site-packages/" not in path:
+    inside = PACKAGES.split(path, maxsplit=1)
+    if len(inside) < 2:
         return []
     function = frames[0].rsplit(" in ", 1)[-1]
-    return [f"inside {path.split('/site-packages/', 1)[1]}, in {function} (line {line})"]
+    return [f"inside {inside[1]}, in {function} (line {line})"]
 
 
 def _path_and_line(frame: str) -> tuple[str, int]:
@@ -125,7 +128,7 @@ def _path_and_line(frame: str) -> tuple[str, int]:
 
 def _library_frame(frame: str) -> bool:
     path, _ = _path_and_line(frame)
-    return (not path or path.startswith("<") or "/site-packages/" in path
+    return (not path or path.startswith("<") or PACKAGES.search(path) is not None
             or path.startswith(STDLIB) or path.endswith(LAUNCHER_FILES))
 
 
