@@ -116,6 +116,7 @@ def test_a_rounding_level_figure_is_caught(line):
     f"max difference to 1 process {rounding(0.0)} (below 1e-5)",
     f"best error {rounding(9.0e-13)} (below 1e-9: about ten digits)",
     "checked: float64: equal to 1e-12",
+    "checked: float64: equal within 1e-12 (rtol and atol)",
     "parameters == big batch (rtol=1e-5, atol=1e-5)",
     "bfloat16 relative error 2.6e-03 (below 2^-7 = 7.8e-03)",  # far above rounding level
     "largest difference to DDP 0.0e+00",                       # exactly zero: any CPU
