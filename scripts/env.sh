@@ -58,6 +58,13 @@ _course_env() {  # every step checked by hand: errexit is off in a function call
            "above); fix what it names (network, proxy, disk space) and run this again" >&2
       return 1
     fi
+    # jsonschema imports rfc3987-syntax when it is there, which builds an IRI grammar: 2.5 s of
+    # CPU in every process that imports nbformat (Jupyter, nbval, pytest). Nothing here checks
+    # that a string is an IRI, so the package goes again (requirements.txt pins it for pip).
+    if ! "$venv/bin/python" -m pip uninstall --quiet --yes rfc3987-syntax; then
+      echo "error: pip could not remove rfc3987-syntax from $venv" >&2
+      return 1
+    fi
     if ! "$venv/bin/python" -c "import torch, jupyterlab, nbval, ipywidgets, matplotlib"; then
       echo "error: installing requirements.txt failed; see the messages above" >&2
       return 1
