@@ -17,7 +17,8 @@ Importing this package inside IPython also makes a bare ``NameError`` say "run t
 from the top first" (``notebook.py``).
 """
 
-from course_lib.check.answers import call, describe, expect_tensor_with_grad, expect_type
+import importlib
+
 from course_lib.check.checker import (
     ExerciseError,
     LearnerCodeError,
@@ -32,6 +33,19 @@ from course_lib.check.notebook import MissingNameError, install_name_error_help,
 from course_lib.check.reference import reveal
 
 install_name_error_help()
+
+# The answer helpers need torch, imported only when one is first used: making a student copy
+# (scripts/make_student_notebooks.py, the website) reads notebooks and never imports it.
+ANSWER_HELPERS = ("call", "describe", "expect_tensor_with_grad", "expect_type")
+
+
+def __getattr__(name: str):
+    if name in ANSWER_HELPERS:
+        value = getattr(importlib.import_module("course_lib.check.answers"), name)
+        globals()[name] = value  # found directly from now on
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ExerciseError", "LearnerCodeError", "MissingNameError", "call", "describe",
            "exercise", "expect", "expect_tensor_with_grad", "expect_type", "hint",
