@@ -209,17 +209,32 @@ def collect_all(*selections: list[str]) -> list[list[str]]:
     return [[line for line in printed.splitlines() if "::" in line] for _, printed in found]
 
 
+def full_run_here(session) -> list[str] | None:
+    """This session's collection, in order, when the session is scripts/test.sh's full run
+    (the tests and the notebooks under nbval, none deselected), else None: collecting it again
+    in another Python took 10 s of CPU."""
+    config = session.config
+    if (config.args != ["tests", "notebooks"] or not config.getoption("nbval", False)
+            or config.getoption("markexpr") or config.getoption("keyword")
+            or config.getoption("deselect")):
+        return None
+    return [item.nodeid for item in session.items]
+
+
 @pytest.fixture(scope="module")
-def collections():
+def collections(request):
     """What the quick and the unit runs of scripts/test.sh select from a file with slow and
     fast tests, what -m slow selects there, and the full run's collection, in order."""
     some = "tests/test_hang_lab.py"
     quick, unit = pytest_command("--quick"), pytest_command("--unit")
     full = ["-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env", "tests",
             "notebooks"]
+    here = full_run_here(request.session)
     lists = collect_all(selection(quick, some), selection(unit, some),
-                        ["-q", "-p", "no:cacheprovider", "-m", "slow", some], full)
-    return some, dict(zip(("quick", "unit", "slow", "full"), lists, strict=True))
+                        ["-q", "-p", "no:cacheprovider", "-m", "slow", some],
+                        *([full] if here is None else []))
+    return some, dict(zip(("quick", "unit", "slow", "full"), [*lists, *([here] if here else [])],
+                          strict=True))
 
 
 def test_quick_selects_only_the_tests_not_marked_slow(collections):
