@@ -157,8 +157,8 @@ def stage(src: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python site/stage.py SRC")
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):  # --help is not a folder to fill
+        sys.exit("usage: python site/stage.py SRC (the folder to lay the site's source out in)")
     try:
         names = stage(Path(sys.argv[1]))
     except MalformedNotebook as error:

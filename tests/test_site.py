@@ -23,6 +23,7 @@ import posixpath
 import re
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -340,6 +341,13 @@ def load_stage():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_stage_takes_an_option_for_no_folder(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "site" / "stage.py"), "--help"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.startswith("usage: python site/stage.py SRC")
+    assert not list(tmp_path.iterdir())  # no folder named --help laid out
 
 
 def test_stage_rewrites_a_jupyterlab_anchor_to_the_sites():
