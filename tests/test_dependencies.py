@@ -9,6 +9,7 @@ also runs ``pip check``, which compares what is installed with the same ranges).
 import ast
 import functools
 import importlib.metadata
+import importlib.util
 import re
 import sys
 import tomllib
@@ -107,3 +108,10 @@ def test_the_checks_catch_an_undeclared_import_and_a_pin_outside_its_range():
         "requirements.txt pins torch==2.5.1, outside pyproject.toml's torch>=2.6",
         "numpy is declared (numpy>=1.24) but requirements.txt pins no version of it"]
     assert outside(pins("torch==2.13.0  # the CPU build\nnumpy==2.4.6\n"), wanted) == []
+
+
+def test_the_course_environment_has_no_iri_grammar_to_build():
+    # scripts/env.sh removes rfc3987-syntax once installed: jsonschema would import it, and it
+    # builds an IRI grammar on import (2.5 s of CPU in every process that imports nbformat)
+    assert importlib.util.find_spec("rfc3987_syntax") is None, \
+        "rfc3987-syntax is installed: scripts/env.sh should have removed it"

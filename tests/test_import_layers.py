@@ -115,3 +115,15 @@ def test_showing_the_course_answer_beside_a_pass_imports_no_nbformat():
         plain = reference.read_notebook(path)
         assert [c.source for c in plain.cells] == [c.source for c in nb.cells]
         assert make_student_copy(plain, path.name).blocks == make_student_copy(nb, path.name).blocks
+
+
+def test_making_a_student_copy_imports_no_torch():
+    # make_student_notebooks.py and the website's stage.py only read and write notebooks:
+    # torch's import (2-4 s of CPU) waits until a checker needs the answer helpers
+    code = ("import sys\nimport course_lib.check.student_copy\nprint('torch' in sys.modules)\n"
+            "from course_lib.check import call, expect_type\n"
+            "print('torch' in sys.modules, call.__module__, expect_type.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PACKAGE.parent, timeout=120).stdout
+    assert out.split("\n")[:2] == ["False", "True course_lib.check.answers "
+                                            "course_lib.check.answers"], out
