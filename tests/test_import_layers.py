@@ -82,14 +82,19 @@ def test_imports_inside_functions_and_of_folders_are_read():
         "course_lib.lessons", "course_lib.check"]
 
 
+def printed_by(code: str) -> str:
+    """What ``python -c CODE`` prints, run from the repository (a fresh interpreter)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=PACKAGE.parent, timeout=120).stdout
+
+
 def test_a_launched_checker_imports_neither_nbformat_nor_ipython():
     # Every rank of every exercise check imports the checker's program; nbformat (through
     # jsonschema) takes seconds of CPU to import and IPython half a second, in each rank.
     code = ("import sys, course_lib.check.mp.program\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'nbformat', 'IPython', "
             "'jsonschema'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=PACKAGE.parent, timeout=120).stdout
+    out = printed_by(code)
     assert out.strip() == "[]", f"the launched checker imports {out.strip()}: import them lazily"
 
 
@@ -100,8 +105,7 @@ def test_showing_the_course_answer_beside_a_pass_imports_no_nbformat():
             "answers = [reference_answer(i) for i in ('3.1', '6.3', '10.4')]\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'nbformat', 'jsonschema'}))"
             "\nprint(repr(answers))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=PACKAGE.parent, timeout=120).stdout.split("\n")
+    out = printed_by(code).split("\n")
     assert out[0] == "[]", f"reference_answer imports {out[0]}"
     import nbformat
 
@@ -123,7 +127,6 @@ def test_making_a_student_copy_imports_no_torch():
     code = ("import sys\nimport course_lib.check.student_copy\nprint('torch' in sys.modules)\n"
             "from course_lib.check import call, expect_type\n"
             "print('torch' in sys.modules, call.__module__, expect_type.__module__)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=PACKAGE.parent, timeout=120).stdout
+    out = printed_by(code)
     assert out.split("\n")[:2] == ["False", "True course_lib.check.answers "
                                             "course_lib.check.answers"], out
