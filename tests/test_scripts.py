@@ -233,8 +233,8 @@ def collections(request):
     lists = collect_all(selection(quick, some), selection(unit, some),
                         ["-q", "-p", "no:cacheprovider", "-m", "slow", some],
                         *([full] if here is None else []))
-    return some, dict(zip(("quick", "unit", "slow", "full"), [*lists, *([here] if here else [])],
-                          strict=True))
+    found = lists if here is None else [*lists, here]
+    return some, dict(zip(("quick", "unit", "slow", "full"), found, strict=True))
 
 
 def test_quick_selects_only_the_tests_not_marked_slow(collections):
