@@ -52,8 +52,11 @@ def lab(artifacts, tmp_path_factory):
         assert not left, f"still running after JupyterLab was stopped: {left}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium):
+    """Chromium, driven by Playwright's sync API, which runs an event loop of its own until it
+    is closed: closed with this file, so that a later file in the same test process
+    (tests/test_site.py) can start its own."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
