@@ -1,6 +1,7 @@
 """Fixtures shared by the unit tests."""
 
 import os
+import shutil
 
 import ipykernel.kernelspec
 import pytest
@@ -9,10 +10,37 @@ from demo_runs import PINGPONG_SIZES
 from kernel_fork import kernel_spec
 from suite_order import place
 
+from course_lib.runtime import launch as launch_module
+from course_lib.runtime.agent_client import SOCKET_ENV, start_shared_server
 from course_lib.runtime.launch import launch
+
+SHARED_SERVER = pytest.StashKey()
 
 
 def pytest_configure(config):
+    share_an_agent_server(config)
+    fork_nbvals_kernels()
+
+
+def share_an_agent_server(config) -> None:
+    """With test processes (``-n``), every process of the session (the test processes, their
+    notebook kernels, JupyterLab's) reaches one agent server, started here, instead of each
+    importing torch for a server of its own: 5 s of CPU each (runtime/agent_client.py)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    if launch_module.AGENT_SERVER:
+        config.stash[SHARED_SERVER] = start_shared_server(launch_module.server_env())
+
+
+def pytest_unconfigure(config):
+    server = config.stash.get(SHARED_SERVER, None)
+    if server is not None:
+        server.kill()
+        server.wait()
+        shutil.rmtree(os.path.dirname(os.environ.pop(SOCKET_ENV)), ignore_errors=True)
+
+
+def fork_nbvals_kernels() -> None:
     """nbval's kernels (``--nbval-current-env``), like the tests' own, are forked from a
     process that imported torch once (tests/kernel_fork.py): 3 s of CPU saved per notebook."""
     try:

@@ -4,6 +4,7 @@ process left behind, not even when the server itself is killed."""
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import types
@@ -11,9 +12,15 @@ import types
 import psutil
 import pytest
 
-from course_lib.runtime import agent, agent_server
+from course_lib.runtime import agent, agent_client, agent_server
 from course_lib.runtime import launch as launch_module
-from course_lib.runtime.agent_server import AgentServer, agent_server_pid, needs_fresh_agent
+from course_lib.runtime.agent_client import (
+    SOCKET_ENV,
+    AgentServer,
+    agent_server_pid,
+    start_shared_server,
+)
+from course_lib.runtime.agent_server import needs_fresh_agent
 from course_lib.runtime.launch import LaunchError, launch
 
 HELLO = "course_lib.demos.hello"
@@ -33,9 +40,40 @@ def wait_until(condition, within_s: float = 5.0) -> bool:
 
 @pytest.fixture
 def served(monkeypatch):
-    """Launches in this test use the server from their first one on."""
+    """Launches in this test use the server from their first one on: this process's own, or
+    the one a test session's shared server forked for it."""
     monkeypatch.setattr(launch_module, "AGENT_SERVER", True)
-    monkeypatch.setattr(agent_server._Agents, "launches", 1)
+    monkeypatch.setattr(agent_client._Agents, "launches", 1)
+
+
+@pytest.fixture(scope="module")
+def shared_server():
+    """A shared server, as a test session starts one, for this file's tests."""
+    before = os.environ.get(SOCKET_ENV)
+    process = start_shared_server(launch_module.server_env())
+    process.path = os.environ.pop(SOCKET_ENV)
+    if before is not None:
+        os.environ[SOCKET_ENV] = before
+    yield process
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture
+def shared(served, shared_server, monkeypatch):
+    """Launches in this test reach ``shared_server`` (or start a server of their own)."""
+    monkeypatch.setenv(SOCKET_ENV, shared_server.path)
+    monkeypatch.setattr(agent_client._Agents, "server", None)
+    yield shared_server
+    if agent_client._Agents.server is not None:
+        agent_client._Agents.server.close()
+
+
+def shared_pid() -> int | None:
+    """The pid of the shared server this process reaches, if any."""
+    path = os.environ.get(SOCKET_ENV)
+    listening = [p for p in psutil.process_iter(["cmdline"]) if path and path in p.info["cmdline"]]
+    return listening[0].pid if listening else None
 
 
 def test_a_served_launch_gives_what_a_fresh_one_gives(served, monkeypatch):
@@ -48,8 +86,8 @@ def test_a_served_launch_gives_what_a_fresh_one_gives(served, monkeypatch):
     assert spawned == []
     served_run = launch(HELLO, nproc=2, quiet=True)
     assert len(spawned) == 1  # this one came from the server
-    server = agent_server_pid()
-    assert server is not None and psutil.Process(server).ppid() == os.getpid()
+    server = agent_server_pid()  # this process's child, or a shared server's
+    assert server is not None and psutil.Process(server).ppid() in (os.getpid(), shared_pid())
     assert sorted(served_run.output.splitlines()) == sorted(fresh.output.splitlines())
     without_pid = [[{k: v for k, v in r.items() if k != "pid"} for r in run.result]
                    for run in (fresh, served_run)]
@@ -81,6 +119,43 @@ def test_a_killed_server_takes_its_agents_along_and_the_next_launch_starts_anoth
     assert agent_server_pid() not in (None, server)
 
 
+def test_a_shared_server_forks_each_process_a_server_that_ends_with_its_connection(shared):
+    served_run = launch(HELLO, nproc=2, quiet=True)
+    server = agent_server_pid()  # this process's own, forked by the shared one
+    assert psutil.Process(server).ppid() == shared.pid
+    assert "[rank 1] hello from rank 1 of 2" in served_run.output
+    again = launch(HELLO, nproc=2, quiet=True)
+    assert "[rank 0] hello from rank 0 of 2" in again.output
+    assert agent_server_pid() == server  # one connection for every launch
+    agent_client._Agents.server.close()
+    assert wait_until(lambda: not psutil.pid_exists(server)
+                      or psutil.Process(server).status() == psutil.STATUS_ZOMBIE)
+    assert shared.poll() is None  # it goes on serving the others
+
+
+def test_a_server_shared_by_a_process_that_is_killed_ends_with_its_agents(shared, tmp_path):
+    script = tmp_path / "launches.py"
+    script.write_text("import time\nfrom course_lib.runtime import agent_client\n"
+                      "from course_lib.runtime.launch import launch\n"
+                      "agent_client._Agents.launches = 1\n"
+                      "launch('course_lib.demos.faults', nproc=2, quiet=True, args=['--mode', "
+                      "'hang', '--rank', '0', '--tag', 'shared'])\n")
+    process = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ))
+    assert wait_until(lambda: len(psutil.Process(shared.pid).children(recursive=True)) >= 4,
+                      within_s=60)  # its server, the agent and the two ranks
+    family = psutil.Process(shared.pid).children(recursive=True)
+    process.kill()
+    process.wait()
+    assert wait_until(lambda: not [p for p in family if p.is_running()
+                                   and p.status() != psutil.STATUS_ZOMBIE], within_s=10)
+
+
+def test_a_shared_server_with_other_import_time_variables_is_not_used(shared, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # read when torch is imported
+    launch(HELLO, nproc=1, quiet=True)
+    assert psutil.Process(agent_server_pid()).ppid() == os.getpid()  # its own server
+
+
 def test_variables_torch_reads_when_imported_get_a_fresh_agent():
     assert needs_fresh_agent({"OMP_NUM_THREADS": "4"})
     assert needs_fresh_agent({"TORCH_CPP_LOG_LEVEL": "INFO"})
@@ -93,18 +168,18 @@ def test_the_first_served_launch_is_a_kernels_first_or_a_shells_second(in_kernel
     # a notebook launches again and again: its first launch already starts the server; a
     # shell's first launch (perhaps its only one) starts a fresh agent
     monkeypatch.setattr(launch_module, "AGENT_SERVER", True)
-    monkeypatch.setattr(agent_server._Agents, "launches", 0)
+    monkeypatch.setattr(agent_client._Agents, "launches", 0)
     if in_kernel:
         monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
     else:
         monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     spawned = []
     monkeypatch.setattr(AgentServer, "spawn", lambda self, *a: spawned.append(a) or None)
-    monkeypatch.setattr(agent_server, "_running_server", lambda env: AgentServer.__new__(
+    monkeypatch.setattr(agent_client, "_running_server", lambda env: AgentServer.__new__(
         AgentServer))
     started = []
-    monkeypatch.setattr(agent_server.subprocess, "Popen", lambda *a, **k: started.append(a))
-    agent_server.start_agent(["python", "-m", "x", "agent"], {}, os.devnull, None, {})
+    monkeypatch.setattr(agent_client.subprocess, "Popen", lambda *a, **k: started.append(a))
+    agent_client.start_agent(["python", "-m", "x", "agent"], {}, os.devnull, None, {})
     assert (len(spawned), len(started)) == ((1, 0) if in_kernel else (0, 1))
 
 

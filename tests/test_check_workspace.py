@@ -16,7 +16,7 @@ from test_launch import tagged_processes
 from course_lib.check import nb05
 from course_lib.check.checker import ExerciseError
 from course_lib.lessons.notebook_setup import setup_notebook
-from course_lib.runtime.agent_server import agent_server_pid
+from course_lib.runtime.agent_client import agent_server_pid
 from course_lib.runtime.workspace import has_passed, mine_or_library, record_pass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from course_lib.runtime import launch as launch_module
-from course_lib.runtime.agent_server import agent_server_pid
+from course_lib.runtime.agent_client import agent_server_pid
 from course_lib.runtime.launch import LaunchError, launch, save_result
 from course_lib.runtime.launch_output import library_call, own_frames
 

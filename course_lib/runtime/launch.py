@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from course_lib.runtime.agent_server import start_agent
+from course_lib.runtime.agent_client import start_agent
 from course_lib.runtime.files import read_json, read_text, write_json_atomic
 from course_lib.runtime.launch_output import Progress, RankLogs, RankWatch, stop_process_tree
 
@@ -38,7 +38,7 @@ FORK_WORKERS = sys.platform.startswith("linux")  # macOS: forking after torch is
 LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"  # the loopback interface's name
 ADDRESS_IN_USE = ("EADDRINUSE", "Address already in use", "address already in use")
 # From its second launch on (a notebook kernel's first), a process forks torchrun's agents from a
-# server that imported torch once (agent_server.py); COURSE_AGENT_SERVER=0: a fresh agent each time.
+# server that imported torch once (agent_client.py); COURSE_AGENT_SERVER=0: a fresh agent each time.
 AGENT_SERVER = FORK_WORKERS and os.environ.get("COURSE_AGENT_SERVER", "1") != "0"
 
 
@@ -119,7 +119,7 @@ def child_env(run_dir: str, extra: dict | None) -> dict:
     return env
 
 
-def _server_env() -> dict:
+def server_env() -> dict:
     """The environment an agent server starts with: the workers' without a run's own paths."""
     env = child_env("", None)
     for per_run in (RESULT_ENV, PROGRESS_ENV):
@@ -207,7 +207,7 @@ def _run_once(run_dir, target, nproc, args, timeout_s, env, port, quiet, progres
     bar = Progress(os.path.join(run_dir, "progress.json"), enabled=progress and not quiet)
     start = time.monotonic()
     agent = start_agent(cmd, child_env(run_dir, env), agent_log_path, env,
-                        server_env=_server_env() if AGENT_SERVER else None)
+                        server_env=server_env() if AGENT_SERVER else None)
     watch = RankWatch(run_dir, nproc)
     failure_seen_at = None
     try:

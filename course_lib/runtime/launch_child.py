@@ -8,7 +8,8 @@
   runs TARGET as ``__main__`` and records how the rank ended in ``RUN_DIR/rank{R}.exit``.
   The launcher reads those files to stream output and name a failing rank.
 
-- ``launch_child server`` is the agent server (``agent_server.serve``), which forks agents.
+- ``launch_child server`` is the agent server (``agent_server.serve``), which forks agents;
+  ``launch_child server --socket PATH`` forks such a server for each process that connects.
 
 A forked rank inherits every module the agent has imported. ``COURSE_PRELOAD`` (module names,
 comma-separated, in the launch's environment) names more for the agent to import before it forks
@@ -184,9 +185,11 @@ def main(argv: list[str]) -> None:
         run_worker(argv[1], argv[2], argv[3:])
     elif argv == ["server"]:
         serve()
+    elif len(argv) == 3 and argv[:2] == ["server", "--socket"]:
+        serve(argv[2])
     else:
         sys.exit("usage: python -m course_lib.runtime.launch_child "
-                 "{agent ARGS | worker RUN_DIR TARGET | server}")
+                 "{agent ARGS | worker RUN_DIR TARGET | server [--socket PATH]}")
 
 
 if __name__ == "__main__":
