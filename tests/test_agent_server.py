@@ -69,11 +69,12 @@ def shared(served, shared_server, monkeypatch):
         agent_client._Agents.server.close()
 
 
-def shared_pid() -> int | None:
-    """The pid of the shared server this process reaches, if any."""
-    path = os.environ.get(SOCKET_ENV)
-    listening = [p for p in psutil.process_iter(["cmdline"]) if path and path in p.info["cmdline"]]
-    return listening[0].pid if listening else None
+def started_by_me_or_a_shared_server(server: int) -> bool:
+    """Whether the server ``server`` is this process's child, or the one the shared server at
+    ``$COURSE_AGENT_SOCKET`` (whose command line names it) forked for this process."""
+    parent = psutil.Process(server).parent()
+    return parent.pid == os.getpid() or (
+        SOCKET_ENV in os.environ and os.environ[SOCKET_ENV] in parent.cmdline())
 
 
 def test_a_served_launch_gives_what_a_fresh_one_gives(served, monkeypatch):
@@ -87,7 +88,7 @@ def test_a_served_launch_gives_what_a_fresh_one_gives(served, monkeypatch):
     served_run = launch(HELLO, nproc=2, quiet=True)
     assert len(spawned) == 1  # this one came from the server
     server = agent_server_pid()  # this process's child, or a shared server's
-    assert server is not None and psutil.Process(server).ppid() in (os.getpid(), shared_pid())
+    assert server is not None and started_by_me_or_a_shared_server(server)
     assert sorted(served_run.output.splitlines()) == sorted(fresh.output.splitlines())
     without_pid = [[{k: v for k, v in r.items() if k != "pid"} for r in run.result]
                    for run in (fresh, served_run)]
