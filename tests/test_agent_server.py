@@ -157,6 +157,18 @@ def test_a_shared_server_with_other_import_time_variables_is_not_used(shared, mo
     assert psutil.Process(agent_server_pid()).ppid() == os.getpid()  # its own server
 
 
+def test_a_shared_server_that_never_started_leaves_each_process_its_own(served, monkeypatch,
+                                                                         tmp_path):
+    monkeypatch.setenv(SOCKET_ENV, str(tmp_path / "server.sock"))  # nothing listens there
+    monkeypatch.setattr(agent_client, "CONNECT_S", 0.5)
+    monkeypatch.setattr(agent_client._Agents, "server", None)
+    try:
+        assert "[rank 0] hello" in launch(HELLO, nproc=1, quiet=True).output
+        assert psutil.Process(agent_server_pid()).ppid() == os.getpid()
+    finally:
+        agent_client._Agents.server.close()
+
+
 def test_variables_torch_reads_when_imported_get_a_fresh_agent():
     assert needs_fresh_agent({"OMP_NUM_THREADS": "4"})
     assert needs_fresh_agent({"TORCH_CPP_LOG_LEVEL": "INFO"})

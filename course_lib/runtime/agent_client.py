@@ -25,7 +25,7 @@ import time
 from course_lib.runtime.agent_server import import_time_variables, needs_fresh_agent
 
 SOCKET_ENV = "COURSE_AGENT_SOCKET"  # where a shared server listens, for every process below
-CONNECT_S = 20.0  # how long a process waits for a shared server that is still starting
+CONNECT_S = 5.0  # how long a process waits for a shared server's socket to appear
 
 
 class AgentServer:
@@ -52,10 +52,11 @@ class AgentServer:
         return server
 
     @classmethod
-    def connect(cls, path: str, env: dict, timeout_s: float = CONNECT_S) -> AgentServer | None:
-        """A server of this process's own, forked by the shared server at ``path``; None when
-        that one imported torch with other values of ``env``'s import-time variables."""
-        deadline = time.monotonic() + timeout_s
+    def connect(cls, path: str, env: dict, timeout_s: float = 120.0) -> AgentServer | None:
+        """A server of this process's own, forked by the shared server at ``path`` once it has
+        imported torch (within ``timeout_s``); None when it imported torch with other values of
+        ``env``'s import-time variables, or ended first."""
+        deadline = time.monotonic() + CONNECT_S  # it listens before it imports
         while True:
             try:
                 connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

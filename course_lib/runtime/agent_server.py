@@ -62,40 +62,41 @@ def serve(socket_path: str | None = None) -> None:
     ``socket_path``, fork such a server for each process that connects there instead (its
     requests and answers on the connection), until the process that started this one ends."""
     die_with_parent()
+    listener = None
+    if socket_path is not None:  # listening before the imports: a process that connects
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # meanwhile waits for
+        listener.bind(socket_path)  # its answer; one that finds no socket, a server that
+        listener.listen(64)  # never started
     import torch.distributed.run  # noqa: F401 - the reason this process exists
 
     for name in PRELOAD:  # what every rank would import again: once here instead (a first
         # launch's fresh agent does not: a process that launches once might never need it)
         importlib.import_module(name)
-    if socket_path is None:
+    if listener is None:
         _answer(os.getcwd())
     else:
-        _serve_connections(socket_path)
+        _serve_connections(listener)
 
 
-def _serve_connections(socket_path: str) -> None:
+def _serve_connections(listener: socket.socket) -> None:
     """Fork a server of its own for each connection: it dies with this one, and ends (its
     agents with it) when the process at the other end closes the connection or dies."""
     start_dir = os.getcwd()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # a server that ended is reaped at once
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(socket_path)
-        listener.listen(64)
-        os.write(1, b'{"ready": true}\n')
-        while True:
-            connection, _ = listener.accept()
-            if os.fork() == 0:
-                listener.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its agents
-                os.dup2(connection.fileno(), 0)  # requests come in, answers go out, on it
-                os.dup2(connection.fileno(), 1)
-                connection.close()
-                try:
-                    die_with_parent()
-                    _answer(start_dir)
-                finally:
-                    os._exit(0)
+    while True:
+        connection, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its agents
+            os.dup2(connection.fileno(), 0)  # requests come in, answers go out, on it
+            os.dup2(connection.fileno(), 1)
             connection.close()
+            try:
+                die_with_parent()
+                _answer(start_dir)
+            finally:
+                os._exit(0)
+        connection.close()
 
 
 def _answer(start_dir: str) -> None:
