@@ -30,7 +30,8 @@ from typing import Any, Sequence
 
 from course_lib.runtime.agent_client import start_agent
 from course_lib.runtime.files import read_json, read_text, write_json_atomic
-from course_lib.runtime.launch_output import Progress, RankLogs, RankWatch, stop_process_tree
+from course_lib.runtime.launch_output import Progress, RankLogs, RankWatch
+from course_lib.runtime.process_tree import stop_process_tree
 
 RESULT_ENV = "COURSE_RESULT_PATH"
 PROGRESS_ENV = "COURSE_PROGRESS_PATH"

@@ -12,13 +12,11 @@ import linecache
 import os
 import re
 import signal
-import subprocess
 import sysconfig
 import time
 
-import psutil
-
 from course_lib.runtime.files import read_json, read_text
+from course_lib.runtime.process_tree import running
 
 STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 PACKAGES = re.compile(r"/(?:site|dist)-packages/")  # where pip (or Debian, as on Colab) installs
@@ -228,7 +226,7 @@ class RankWatch:
                     pid = int(f.read().strip() or 0)
             except (FileNotFoundError, ValueError):
                 continue
-            if pid and not _running(pid) and not os.path.exists(self._path(rank, "exit")):
+            if pid and not running(pid) and not os.path.exists(self._path(rank, "exit")):
                 self.vanished[rank] = time.time()
 
     def _exits(self) -> list[tuple[float, int, int, bool]]:
@@ -258,13 +256,6 @@ class RankWatch:
         return _agent_root_cause(agent_log_path)
 
 
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _agent_exit_code(agent_log_path: str, rank: int):
     """The exit code torchrun reported for ``rank`` (negative: a signal), or None."""
     found = re.search(rf"rank\s*:\s*{rank}\b[^\n]*\n\s*exitcode\s*:\s*(-?\d+)",
@@ -281,45 +272,3 @@ def _agent_root_cause(agent_log_path: str):
         if rank:
             return int(rank.group(1)), int(code.group(1)) if code else None
     return None
-
-
-def _processes(agent: subprocess.Popen, run_dir: str) -> list[psutil.Process]:
-    """The agent, its descendants, and every worker recorded in ``rank{R}.pid`` (a worker
-    whose agent is already gone is no longer its descendant)."""
-    procs = []
-    try:
-        parent = psutil.Process(agent.pid)
-        procs = [parent, *parent.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        pass
-    known = {p.pid for p in procs}
-    for path in glob.glob(os.path.join(run_dir, "rank*.pid")):
-        try:
-            with open(path) as f:
-                worker = psutil.Process(int(f.read().strip()))
-            if worker.pid not in known and "course_lib.runtime.launch_child" in " ".join(
-                    worker.cmdline()):  # the pid still names one of our workers
-                procs.append(worker)
-        except (ValueError, OSError, psutil.Error):
-            continue
-    return procs
-
-
-def stop_process_tree(agent: subprocess.Popen, run_dir: str, grace_s: float = 2.0) -> None:
-    """End the agent and every worker: SIGTERM, wait ``grace_s``, then SIGKILL what is left."""
-    procs = _processes(agent, run_dir)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = []
-        for p in procs:
-            try:
-                p.send_signal(sig)
-                alive.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        _, procs = psutil.wait_procs(alive, timeout=grace_s)
-        if not procs:
-            break
-    try:
-        agent.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
