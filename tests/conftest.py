@@ -29,15 +29,17 @@ def share_an_agent_server(config) -> None:
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
     if launch_module.AGENT_SERVER:
-        config.stash[SHARED_SERVER] = start_shared_server(launch_module.server_env())
+        server, path = start_shared_server(launch_module.server_env())
+        os.environ[SOCKET_ENV] = path  # the test processes inherit it, and pass it on
+        config.stash[SHARED_SERVER] = server, path
 
 
 def pytest_unconfigure(config):
-    server = config.stash.get(SHARED_SERVER, None)
+    server, path = config.stash.get(SHARED_SERVER, (None, None))
     if server is not None:
         server.kill()
         server.wait()
-        shutil.rmtree(os.path.dirname(os.environ.pop(SOCKET_ENV)), ignore_errors=True)
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def fork_nbvals_kernels() -> None:

@@ -48,13 +48,9 @@ def served(monkeypatch):
 
 @pytest.fixture(scope="module")
 def shared_server():
-    """A shared server, as a test session starts one, for this file's tests."""
-    before = os.environ.get(SOCKET_ENV)
-    process = start_shared_server(launch_module.server_env())
-    process.path = os.environ.pop(SOCKET_ENV)
-    if before is not None:
-        os.environ[SOCKET_ENV] = before
-    yield process
+    """A shared server, as a test session starts one, for this file's tests: (process, path)."""
+    process, path = start_shared_server(launch_module.server_env())
+    yield process, path
     process.kill()
     process.wait()
 
@@ -62,9 +58,10 @@ def shared_server():
 @pytest.fixture
 def shared(served, shared_server, monkeypatch):
     """Launches in this test reach ``shared_server`` (or start a server of their own)."""
-    monkeypatch.setenv(SOCKET_ENV, shared_server.path)
+    process, path = shared_server
+    monkeypatch.setenv(SOCKET_ENV, path)
     monkeypatch.setattr(agent_client._Agents, "server", None)
-    yield shared_server
+    yield process
     if agent_client._Agents.server is not None:
         agent_client._Agents.server.close()
 

@@ -38,6 +38,7 @@ class AgentServer:
         self.lock = threading.Lock()
         self._buffer = b""
         self.pid = process.pid  # the process that forks this one's agents
+        self.ended = False  # the server closed its end (it died)
 
     @classmethod
     def start(cls, env: dict, timeout_s: float = 120.0) -> AgentServer:
@@ -77,8 +78,6 @@ class AgentServer:
 
     def alive(self) -> bool:
         return self.process.poll() is None and not self.ended
-
-    ended = False  # the server closed its end (it died)
 
     def spawn(self, argv: list[str], env: dict, cwd: str, log_path: str) -> ForkedAgent:
         """Fork an agent that runs ``torchrun argv``; returns a Popen-like handle."""
@@ -190,17 +189,16 @@ def _running_server(server_env: dict) -> AgentServer | None:
     return _Agents.server
 
 
-def start_shared_server(env: dict) -> subprocess.Popen:
-    """Start a server that every process below this one reaches through ``$COURSE_AGENT_SOCKET``
-    (set here) instead of starting its own; it dies with this process. The processes wait for
-    it to be ready when they first need it."""
+def start_shared_server(env: dict) -> tuple[subprocess.Popen, str]:
+    """Start a server that processes reach at the returned socket path when
+    ``$COURSE_AGENT_SOCKET`` names it, instead of starting their own; it dies with this process.
+    The processes wait for it to be ready when they first need it."""
     path = os.path.join(tempfile.mkdtemp(prefix="agent-server-"), "server.sock")
     process = subprocess.Popen(
         [sys.executable, "-m", "course_lib.runtime.launch_child", "server", "--socket", path],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
         start_new_session=True)
-    os.environ[SOCKET_ENV] = path
-    return process
+    return process, path
 
 
 def agent_server_pid() -> int | None:
