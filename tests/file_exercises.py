@@ -690,6 +690,8 @@ ALL_GATHER = ("    ring_all_gather(flat_params, group)  # every chunk from its o
               "rank\n")
 FLOOR = ("    size = flat_params.numel() // n  # values per rank\n"
          "    start, end = rank * size, (rank + 1) * size\n")
+CEIL = ("    size = -(-flat_params.numel() // n)  # ceil(numel / N) values per rank\n"
+        "    start, end = rank * size, min((rank + 1) * size, flat_params.numel())\n")
 WORLD_RANK = "rank, n = dist.get_rank(group), dist.get_world_size(group)"
 LARGER_LAST = '''
 
@@ -718,6 +720,9 @@ MY_ZERO = Exercise(nb10.my_zero, "my_zero.py", reference_size=4, right={
                      "                           group_src=owner)\n")])}, wrong={
     "no average": Wrong([(MEAN, "shard.grad = flat_grad[start:end]")],
                         "the step used the SUM of the ranks' gradients", shared=True),
+    "the mean divided again": Wrong([(MEAN, MEAN + " / n")],
+                                    "after step 1, rank 0's step used the mean gradient divided "
+                                    "by 2 again", shared=True),
     "no all-gather": Wrong([(ALL_GATHER, "")], "after step 1, rank 0's own chunk is updated but "
                                                "the other values are still the old ones",
                            shared=True),
@@ -730,6 +735,10 @@ MY_ZERO = Exercise(nb10.my_zero, "my_zero.py", reference_size=4, right={
                                   "it; and rank 0's optimizer works on values 0..11 (end "
                                   "excluded), but ring_reduce_scatter leaves rank 0 the sum of "
                                   "0..12", shared=True),
+    "chunks of ceil(numel / N)": Wrong([(MY_CHUNK, CEIL), (ITS_CHUNK, CEIL)], (
+        "rank 1's optimizer works on values 4..8 (end excluded), but ring_reduce_scatter leaves "
+        "rank 1 the sum of 4..7: the chunks are not cut as the ring cuts",
+        "(case: 10 values, AdamW; launched on 3 processes)"), 3, shared=True),
     "the whole model": Wrong([(SHARD, "torch.nn.Parameter(flat_params)"),
                               (IMPORTS, "chunk_bounds, ring_all_reduce"),
                               (REDUCE_SCATTER, "ring_all_reduce(flat_grad, group)"),
