@@ -461,6 +461,8 @@ SEND_ALL = ("        for b, flat in enumerate(self.flat):  # backward is over: s
             "            self.handles.append((b, dist.all_reduce(flat, group=self.group, "
             "async_op=True)))\n")
 BLOCKING_SUM = "            dist.all_reduce(self.flat[b], group=self.group)  # the sum, now\n"
+IN_FLIGHT = ("rank 0 changed a bucket while its all-reduce (started at line {line:async_op=True}) "
+             "was still running")
 MY_HOOKS = Exercise(nb08.my_hooks, "my_hooks.py", right={
     "divide before the sum, wait in reverse order": Right(3, [
         ("copy_(param.grad.reshape(-1))", "copy_(param.grad.reshape(-1) / self.world_size)"),
@@ -509,6 +511,11 @@ MY_HOOKS = Exercise(nb08.my_hooks, "my_hooks.py", right={
                                "line {line:the sum, now} all-reduces, after loss.backward() has "
                                "returned, a bucket whose all-reduce the hook already started "
                                "(line {line:async_op})", shared=True),
+    "handles kept from the last step": Wrong(
+        [(RESET, "        self.arrived = [0] * len(self.buckets)")],
+        (IN_FLIGHT, "(case: two steps in a row,"), shared=True),
+    "divided before the wait": Wrong([(WAIT + DIVIDE, DIVIDE + WAIT)],
+                                     (IN_FLIGHT, "(case: one step,"), shared=True),
     "no reset": Wrong([(RESET, "        self.handles = []")],
                       "the first step was right, the second is not: in the second step the hooks "
                       "started no all-reduce", shared=True),

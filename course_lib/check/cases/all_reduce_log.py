@@ -2,7 +2,9 @@
 came (during backward or after, how many gradients were ready), which tensor it reduced, and
 the learner's async handles. A handle holds the sum back until it is waited on (``HeldBack``:
 the bucket keeps this rank's values till ``wait()``, as a real all-reduce may), so a bucket
-read before its wait gives a wrong gradient every time, not only when the network is slow.
+read before its wait gives a wrong gradient every time, not only when the network is slow; and
+a bucket written before its wait (divided, or filled for the next step) is seen at ``wait()``,
+though the sum then lands over it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class HeldBack:
     def __init__(self, work, private: torch.Tensor, bucket: torch.Tensor, line, log):
         self.work, self.private, self.bucket, self.line, self.log = work, private, bucket, \
             line, log
+        self.sent = bucket.detach().clone()  # what the bucket held when the all-reduce started
         self.done = self.waited_in_backward = False
 
     def wait(self, *args, **kwargs):
@@ -48,6 +51,8 @@ class HeldBack:
 
     def _land(self, force: bool = False):
         if force or not self.done:
+            if not torch.equal(self.bucket, self.sent):  # written while the sum was on its way
+                self.log.written_in_flight.append(self.line)
             self.bucket.copy_(self.private)  # only now does the bucket hold the sum
             self.done = True
         return [self.bucket]
@@ -64,6 +69,7 @@ class AllReduceLog:
         self.in_backward, self.ready = False, 0  # set by the case and by its counting hooks
         self.order = []  # parameter indices, in the order their gradients were ready
         self.calls, self.handles, self._signature = [], [], None
+        self.written_in_flight = []  # lines of the all-reduces whose bucket changed meanwhile
 
     def arrived(self, index: int) -> None:
         """A counting hook: parameter ``index``'s gradient is ready (before the learner's)."""
@@ -98,6 +104,7 @@ class AllReduceLog:
     def summary(self) -> dict:
         return {"calls": self.calls,
                 "unwaited": [h.line for h in self.handles if not h.done],
+                "written_in_flight": self.written_in_flight,
                 "waited_in_backward": [h.line for h in self.handles if h.waited_in_backward]}
 
 

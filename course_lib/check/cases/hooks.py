@@ -202,6 +202,18 @@ def judge_calls(rank: int, s: dict, spec: dict) -> None:
                       "blocking all-reduce, and nothing overlaps")
 
 
+def judge_in_flight(rank: int, s: dict) -> None:
+    """No bucket written between its all-reduce's start and its wait (the sum then lands over
+    it here, but on a network what was written is lost or summed in)."""
+    written = s["written_in_flight"]
+    expect(not written, f"rank {rank} changed a bucket while its all-reduce (started at line "
+                        f"{(written or [''])[0]}) was still running, before that handle's "
+                        "wait() returned: the all-reduce reads and writes the bucket until "
+                        "then, so what was written is lost or summed in, as timing falls. "
+                        "Divide or refill a bucket only after this step's own handle for it "
+                        "has been waited on")
+
+
 def judge_values(rank: int, s: dict, n: int, world: int) -> None:
     for step, (got, want, own) in enumerate(zip(s["got"], s["expected"], s["own"],
                                                 strict=True)):
@@ -218,6 +230,7 @@ def judge_values(rank: int, s: dict, n: int, world: int) -> None:
                "a bucket was read before its all-reduce had finished: it still held this "
                "rank's own gradient when it went into .grad (the sum lands in the bucket only "
                "once the handle's wait() returns)")
+        judge_in_flight(rank, s)
         expect(not close(got, own, 1e-5, 1e-6), f"rank {rank}'s .grad still holds its own "
                                                 "gradient: the averaged buckets never reached "
                                                 ".grad")
@@ -249,6 +262,7 @@ def judge(spec: dict, by_rank: dict, run) -> None:
     for rank in range(len(by_rank)):
         judge_calls(rank, by_rank[rank], spec)
         judge_values(rank, by_rank[rank], len(by_rank), run.world_size)
+        judge_in_flight(rank, by_rank[rank])
 
 
 def explain(error: dict, text: str) -> str:
