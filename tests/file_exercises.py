@@ -667,6 +667,25 @@ MY_DDP_TRAIN = Exercise(nb09.my_ddp_train, "my_ddp_train.py", right={
                                          "DDP all-reduced the gradients 0 times for 12 optimizer "
                                          "steps: no_sync() covered every micro-step",
                                          shared=True),
+    "the forward through the model inside the wrapper": Wrong(
+        [("F.cross_entropy(model(x.to(device))", "F.cross_entropy(model.module(x.to(device))")],
+        ("DDP all-reduced the gradients 0 times for 12 optimizer steps: the DDP wrapper's "
+         "forward never ran", "ddp(x) is what tells DDP a backward follows"), shared=True,
+        never=("no_sync() covered",)),
+    "no DistributedSampler": Wrong([
+        ("    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, "
+         "shuffle=True,\n                                 seed=config.seed)\n"
+         "    loader = DataLoader(dataset, batch_size=config.micro_batch, sampler=sampler)\n",
+         "    shuffled = torch.Generator().manual_seed(config.seed)  # the same on every rank\n"
+         "    loader = DataLoader(dataset, batch_size=config.micro_batch, shuffle=True,\n"
+         "                        generator=shuffled)\n"),
+        ("        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank\n",
+         "")], ("rank 0 ran 48 micro-steps, 2 times the 24 its share of the data gives",
+                "A DistributedSampler"), shared=True),
+    "the whole module saved": Wrong([("torch.save(model.module.state_dict(),",
+                                      "torch.save(model.module,")],
+                                    "the checkpoint is not a state_dict", shared=True,
+                                    never=("wrote no checkpoint",)),
     "the sampler's own seed": Wrong([("shuffle=True,\n                                 "
                                       "seed=config.seed)", "shuffle=True)")],
                                     "shuffled with DistributedSampler's own seed, 0, not "

@@ -79,7 +79,8 @@ def reference(learner, config, n: int, set_epoch: bool = True, loss_scale="1",
 
 @contextmanager
 def watching_ddp(counts: dict, saves: list):
-    """Count every DDP's synchronisations, note every torch.save, refuse ending the group."""
+    """Count every DDP's synchronisations and forwards, note every torch.save, refuse ending
+    the group."""
     real = DistributedDataParallel.__init__, torch.save, dist.destroy_process_group
     all_reduce = getattr(dist.all_reduce, "original", dist.all_reduce)  # not the tracer's
 
@@ -90,10 +91,15 @@ def watching_ddp(counts: dict, saves: list):
         return all_reduce(tensor, group=group, async_op=True).get_future().then(
             lambda done: done.value()[0])
 
+    def forward(ddp, args):  # the wrapper's forward ran: outside no_sync() it synchronises
+        counts["forwards"] += 1
+        counts["synced_forwards"] += ddp.require_backward_grad_sync
+
     def init(ddp, *args, **kwargs):
         real[0](ddp, *args, **kwargs)
         counts["models"] += 1
         ddp.register_comm_hook(ddp.process_group, hook)
+        ddp.register_forward_pre_hook(forward)
 
     def save(obj, f, *args, **kwargs):
         saves.append(os.fspath(f) if isinstance(f, (str, os.PathLike)) else "a file object")
@@ -128,10 +134,12 @@ def returned(result) -> dict:
 
 def checkpoint_state(path: str) -> dict:
     """Does the file hold a state_dict of the model without DDP?"""
+    if not os.path.isfile(path):
+        return {"found": False}
     try:
         state = torch.load(path, weights_only=True)
-    except Exception:  # a missing or unreadable file is one answer
-        return {"found": False}
+    except Exception:  # a pickled module or optimizer, say: not tensors by name
+        return {"found": True, "state_dict": False}
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
         return {"found": True, "state_dict": False}
     return {"found": True, "state_dict": True,
@@ -149,7 +157,7 @@ def run_case(learner, spec: dict, group: dist.ProcessGroup, tracer: Tracer, opti
     mistakes = {name: reference(learner, config, n, **how)["params"]
                 for name, how in MISTAKES.items()
                 if how.get("sampler_seed") != config.seed}  # the seed 0 of a Config(seed=0)
-    counts, saves = {"syncs": 0, "models": 0}, []
+    counts, saves = {"syncs": 0, "models": 0, "forwards": 0, "synced_forwards": 0}, []
     with tracer.watching(spec["name"], range(n)) as log, watching_ddp(counts, saves):
         result = learner.train(config)
     tracer.barrier()  # every rank done, the file complete, before rank 0 reads it
@@ -200,7 +208,7 @@ def judge_saves(rank: int, s: dict) -> None:
            "optimizer step")
 
 
-def judge_rank(rank: int, s: dict, text: str) -> None:
+def judge_rank(rank: int, s: dict, n: int) -> None:
     got = s["returned"]
     expect(not got.get("wrapper"), "train(config) returned the DistributedDataParallel wrapper "
                                    "as \"model\": return the trained module inside it, "
@@ -209,7 +217,12 @@ def judge_rank(rank: int, s: dict, text: str) -> None:
                       f"[one number per optimizer step]}}; it returned {got.get('what')}")
     expect(s["models"] > 0, "train(config) never wrapped the model in DistributedDataParallel: "
                             "DDP averages the gradients")
-    judge_too_few_syncs(s, text)
+    judge_too_few_syncs(s)
+    share = s["steps"] * s["accum_steps"]  # the micro-steps this rank's 1/N of the data gives
+    expect(n == 1 or s["forwards"] != n * share,
+           f"rank {rank} ran {s['forwards']} micro-steps, {n} times the {share} its share of "
+           "the data gives: each rank went through the whole dataset. A DistributedSampler "
+           "(num_replicas=world_size, rank=rank) hands each rank its own 1/N of the examples")
     if not near(got["params"], s["expected"]["params"]):
         for mistake, hint in WEIGHT_MISTAKES.items():
             expect(mistake not in s["mistakes"] or not near(got["params"], s["mistakes"][mistake]),
@@ -224,14 +237,19 @@ def judge_rank(rank: int, s: dict, text: str) -> None:
                                              "optimizer step")
 
 
-def judge_too_few_syncs(s: dict, text: str) -> None:
+def judge_too_few_syncs(s: dict) -> None:
     """Every optimizer step's gradients all-reduced by DDP at least once."""
     syncs, steps = s["syncs"], s["steps"]
     if syncs >= steps:
         return
-    why = ("no_sync() covered every micro-step, the last one of each step too" if syncs == 0
-           and "no_sync" in text else "some steps' last micro-step ran inside no_sync() or "
-           "without the DDP wrapper's forward")
+    if not s["forwards"]:
+        why = ("the DDP wrapper's forward never ran: the micro-steps called the model itself, "
+               "model(x), where ddp(x) is what tells DDP a backward follows")
+    elif not s["synced_forwards"]:
+        why = "no_sync() covered every micro-step, the last one of each step too"
+    else:
+        why = ("some steps' last micro-step ran inside no_sync() or without the DDP "
+               "wrapper's forward")
     expect(False, f"DDP all-reduced the gradients {syncs} times for {steps} optimizer steps: "
                   f"{why}, so the ranks stepped with gradients never averaged. The micro-step "
                   "that ends an optimizer step must run, forward and backward, through the "
@@ -276,7 +294,7 @@ def judge(spec: dict, by_rank: dict, run) -> None:
     with open(run.path, encoding="utf-8") as f:
         text = f.read()
     for rank in range(len(by_rank)):
-        judge_rank(rank, by_rank[rank], text)
+        judge_rank(rank, by_rank[rank], len(by_rank))
     judge_syncs(by_rank[0], text)
     judge_losses(by_rank, len(by_rank), by_rank[0]["accum_steps"])
 
