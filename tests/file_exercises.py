@@ -404,6 +404,29 @@ MY_DP_STEP = Exercise(nb07.my_dp_step, "my_dp_step.py", right={
                                          "for rank 0, which never called it",),
                                         never=("did not pair up",
                                                "ring_all_reduce on the same gradients")),
+    "the parameters all-reduced": Wrong([("ring_all_reduce(p.grad, group)  # the sum over the "
+                                          "ranks\n        p.grad /= world_size",
+                                          "ring_all_reduce(p.data, group)\n        p.data /= "
+                                          "world_size")],
+                                         "ring_all_reduce was handed the parameters, not their "
+                                         "gradients (line {line:ring_all_reduce(p.data})",
+                                         shared=True),
+    "the replicas averaged, not broadcast": Wrong([(BROADCAST, """\
+    with torch.no_grad():
+        for p in model.parameters():
+            ring_all_reduce(p, group)  # every replica's weights, summed
+            p /= dist.get_world_size(group)
+""")], "after broadcast_parameters rank 0 no longer holds its own starting weights", shared=True),
+    "the loss divided by the world size too": Wrong(
+        [(SCALED_LOSS, "loss = loss_fn(model, batch) / accum_steps / world_size")],
+        "the gradient is 2 times too small: it was divided by the world size twice",
+        shared=True),
+    "only rank 0 all-reduces": Wrong([("        ring_all_reduce(p.grad, group)  # the sum over "
+                                       "the ranks\n", "        if dist.get_rank(group) == 0:\n"
+                                       "            ring_all_reduce(p.grad, group)\n")],
+                                      "rank 0 is blocked waiting for its irecv from rank 1, "
+                                      "inside ring_all_reduce (line {line:    ring_all_reduce(}): "
+                                      "rank 0 receives from rank 1, but rank 1 never posted"),
     "the world's rank 0 as the source": Wrong([("group=group, group_src=0)",
                                                 "src=0, group=group)")],
                                               ("rank 1 called broadcast with src=0 (not in the "

@@ -100,7 +100,7 @@ def _imported(tree: ast.Module) -> dict[str, str]:
     return names
 
 
-def _scope(tree: ast.Module, functions: tuple[str, ...]) -> list[ast.AST]:
+def code_scope(tree: ast.Module, functions: tuple[str, ...]) -> list[ast.AST]:
     """The code that counts: the named functions (or classes), else the whole file but its
     ``if __name__ == "__main__":`` block."""
     if functions:
@@ -115,7 +115,7 @@ def names_in_file(path: str, functions: tuple[str, ...] = ()) -> list[tuple[str,
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read())
     imported, found = _imported(tree), []
-    for node in (n for top in _scope(tree, functions) for n in ast.walk(top)):
+    for node in (n for top in code_scope(tree, functions) for n in ast.walk(top)):
         if isinstance(node, ast.ImportFrom) and node.module:
             found += [(f"{node.module}.{a.name}", f"{node.module}.{a.name}", node.lineno)
                       for a in node.names]

@@ -21,12 +21,14 @@ its message is the verdict.
 
 from __future__ import annotations
 
+import ast
 import re
 
 import torch
 import torch.distributed as dist
 
 from course_lib.check.checker import expect
+from course_lib.check.own_work import code_scope
 
 OPTIMIZERS = {"SGD with momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
               "AdamW": (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.01})}
@@ -108,12 +110,24 @@ def global_rank_sentence(error: dict, text: str) -> str:
     """For an error in a case on a group of ranks [1, 2] (say) when the file asks for
     ``dist.get_rank()`` without a group: why that rank's number is not the one meant."""
     found = re.search(r"group of ranks \[([\d, ]+)\]", error.get("case") or "")
-    if not found or "get_rank()" not in text:
+    if not found or not asks_global_rank(text):
         return ""
     ranks = [int(r) for r in found.group(1).split(",")]
     return (f"In a group of ranks {ranks} rank {ranks[-1]} is the group's rank "
             f"{len(ranks) - 1}: dist.get_rank() without the group gives a rank's number in "
             "the whole world, not in the group.")
+
+
+def asks_global_rank(text: str) -> bool:
+    """Whether the file's code, its ``__main__`` block aside, calls ``get_rank()`` without a
+    group (the block's own ``dist.get_rank()`` is right there: it runs on the whole world)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return "get_rank()" in text
+    return any(isinstance(n, ast.Call) and not n.args and not n.keywords
+               and ast.unparse(n.func).split(".")[-1] == "get_rank"
+               for top in code_scope(tree, ()) for n in ast.walk(top))
 
 
 def rank_name(by_rank: dict, rank: int) -> str:

@@ -191,6 +191,11 @@ def judge_broadcast(spec: dict, by_rank: dict, n: int) -> None:
                "from another seed, and nothing gave it rank 0's, so the replicas start apart "
                "and never agree")
         missed = ", ".join(map(str, mine["broadcast_missed"]))
+        expect(rank != 0, f"{after} no longer holds its own starting weights in parameter "
+                          f"tensor(s) {missed} (of {mine['parameter_tensors']}): rank 0's "
+                          "weights are the ones every replica starts from, so they must come "
+                          "out unchanged; a broadcast from rank 0 copies them to the others "
+                          "and leaves rank 0's as they are")
         expect(False, f"{after} holds weights of its own in parameter tensor(s) {missed} (of "
                       f"{mine['parameter_tensors']}, in model.parameters() order): those were "
                       "not given rank 0's values")
@@ -261,11 +266,21 @@ def name_step_mistake(spec: dict, by_rank: dict, world: int) -> None:
         if scale != 1 and not (key == "nk" and 1 in (n, k)):
             expect(not close(got, reference_parameters(spec, n, scale)),
                    f"the gradient is {scale} times too large: {SCALE_HINTS[key]}")
+    twice = "the world size" if n != k else "the world size or by K"
+    expect(n == 1 or not close(got, reference_parameters(spec, n, 1 / n)),
+           f"the gradient is {n} times too small: it was divided by {twice} twice. The ring's "
+           "sum divided once by the world size is the mean over the ranks; each micro-batch's "
+           "loss divided once by K makes the K backward passes add up to one mean")
     expect(not close(got, reference_parameters(spec, n, keep_grads=True)),
            "step 2 used the gradients of step 1 as well: backward adds into .grad, and "
            "nothing emptied it between the steps")
-    in_place = any(call["handed"] == "gradient" for step in by_rank[0]["steps"]
-                   for call in step["syncs"])
+    calls = [call for step in by_rank[0]["steps"] for call in step["syncs"]]
+    weights = next((call for call in calls if call["handed"] == "parameter"), None)
+    expect(weights is None, "ring_all_reduce was handed the parameters, not their gradients "
+           f"(line {(weights or {}).get('line')}): the weights were averaged before the step, "
+           "and each rank then stepped with its own gradient. Hand it each p.grad after the "
+           "last micro-batch")
+    in_place = any(call["handed"] == "gradient" for call in calls)
     apart = any(by_rank[r]["params"] != got for r in range(1, n))
     expect(in_place or not apart,
            "the tensors ring_all_reduce summed were not the gradients themselves (a copy or a "

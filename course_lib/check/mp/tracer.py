@@ -249,8 +249,9 @@ class Tracer(GroupChecks):
         if self.log is None:
             return
         calls = dict(collections.Counter(self.log.collectives))
+        inside = {"inside": self.inside} if self.inside and fields.get("op") else {}
         self._note({"rank": self.rank, "case": self.case, "time": time.time(),
-                    "collectives": calls, **fields})
+                    "collectives": calls, **inside, **fields})  # inside: the learner's call
 
     def _note(self, status: dict) -> None:
         """A status that waits (an op) is written at once: Gloo may abort the process inside
@@ -293,11 +294,11 @@ class Tracer(GroupChecks):
             getattr(self.log, kind).append(original.__name__)
             self._note_tensor(original.__name__, args, kwargs)
             if kind != "collectives":
-                self.inside = original.__name__  # a library function: its peers are not named
-                try:  # in the learner's own line
-                    return original(*args, **kwargs)
+                outer, self.inside = self.inside, self.inside or original.__name__  # the one
+                try:  # the learner's line calls (ring_all_reduce, not its reduce-scatter);
+                    return original(*args, **kwargs)  # its peers are not named in that line
                 finally:
-                    self.inside = None
+                    self.inside = outer
             try:  # the guard has checked the group already (_check_group)
                 bound = self._bound(original, args, kwargs)
             except TypeError:

@@ -121,6 +121,13 @@ def _blocked_on(status: dict) -> tuple[str, int] | None:
     return (status.get("kind") or op, status["peer"]) if op == "wait" else (op, status["peer"])
 
 
+def _at(status: dict) -> str:
+    """Where a waiting rank was: ", inside ring_all_reduce (line 28)" when the op it waits
+    in runs inside the course's function that the learner's line calls, else " (line 28)"."""
+    inside = f", inside {status['inside']}" if status.get("inside") else ""
+    return f"{inside} (line {status['line']})" if status.get("line") else inside
+
+
 def _doing(what: str, peer: int) -> str:
     return f"{'sends to' if what in SENDING else 'receives from'} rank {peer}"
 
@@ -196,10 +203,9 @@ def deadlock_message(run: Run, learner: LearnerFile, advice: Advice) -> str | No
     blocked = blocked_ranks(run)
     if not blocked:
         return None
-    parts = []
-    for i, (rank, (what, peer, line)) in enumerate(sorted(blocked.items())):
-        at = f" (line {line})" if line else ""
-        parts.append(f"rank {rank} {_phrase(what, peer, i == 0)}{at}")
+    parts, status = [], {r.rank: r.status for r in run.ranks}
+    for i, (rank, (what, peer, _)) in enumerate(sorted(blocked.items())):
+        parts.append(f"rank {rank} {_phrase(what, peer, i == 0)}{_at(status[rank])}")
     case = next((r.status.get("case") for r in run.ranks if r.rank in blocked), None)
     return (f"{learner.path} never finished {where(run, case)}: {', '.join(parts)}: "
             f"{_reason(blocked, run, advice)}")
@@ -208,7 +214,7 @@ def deadlock_message(run: Run, learner: LearnerFile, advice: Advice) -> str | No
 def _now(r) -> str | None:
     """Where a stopped rank was (which call, which line of the learner's file), if known."""
     status, blocked = r.status, _blocked_on(r.status)
-    at = f" (line {status['line']})" if status.get("line") else ""
+    at = _at(status)
     if status.get("op") == "between cases":
         return f"rank {r.rank} had finished the case"
     if blocked:
@@ -236,7 +242,7 @@ def _waiting_for_peers(r, run: Run, learner: LearnerFile) -> str | None:
     waiting = [p.rank for p in peers if p.status.get("op") == op and p not in behind]
     never = all(not _calls(p, op) for p in behind)
     now = "; ".join(filter(None, (_now(p) for p in behind)))
-    at = f" (line {r.status['line']})" if r.status.get("line") else ""
+    at = _at(r.status)
     return (f"{learner.path} never finished {where(run, case)}: {_ranks(waiting)} "
             f"wait{'s' if len(waiting) == 1 else ''} in {op}{at} for "
             f"{_ranks([p.rank for p in behind])}, which "
@@ -257,7 +263,7 @@ def collective_message(run: Run, learner: LearnerFile) -> str | None:
     calls = {(r.status.get("case"), r.status["op"], _calls(r, r.status["op"])) for r in stuck}
     if len(stuck) == run.world_size > 1 and len(calls) == 1:
         (case, op, _), = calls
-        at = f" (line {stuck[0].status['line']})" if stuck[0].status.get("line") else ""
+        at = _at(stuck[0].status)
         return (f"{learner.path} never finished {where(run, case)}: every rank waits in "
                 f"{op}{at}, the same call on each, and it never completed: their arguments "
                 "disagree (the src or dst, the group or the size)")
@@ -274,7 +280,7 @@ def killed_message(run: Run, learner: LearnerFile, advice: Advice) -> str | None
     what = _blocked_on(victim.status)
     way = "to" if what and what[0] in SENDING else "from"
     during = f" in {what[0]} {way} rank {what[1]}" if what else ""
-    line = f" (line {victim.status['line']})" if victim.status.get("line") else ""
+    line = _at(victim.status)
     why = (f"a {found.group(1)}-byte message arrived for a {found.group(2)}-byte receive buffer"
            if found else "Gloo aborts a process that gets a message bigger than the buffer "
                          "it posted for it")
