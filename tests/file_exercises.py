@@ -432,6 +432,11 @@ MY_DP_STEP = Exercise(nb07.my_dp_step, "my_dp_step.py", right={
                                               ("rank 1 called broadcast with src=0 (not in the "
                                                "group): src= is a rank of the whole world",
                                                "group_src="), 3),
+    "the gradients zeroed before every micro-batch": Wrong(
+        [("    optimizer.zero_grad()\n    for batch in micro_batches:\n",
+          "    for batch in micro_batches:\n        optimizer.zero_grad()\n")],
+        "only each step's last micro-batch counted: .grad was emptied between micro-batches",
+        shared=True),
     "the gradients never zeroed": Wrong([("    optimizer.zero_grad()\n", "")],
                                         "step 2 used the gradients of step 1 as well",
                                         shared=True),

@@ -72,14 +72,19 @@ def tensors(model: nn.Module) -> list[list[float]]:
 
 
 def reference_parameters(spec: dict, world_size: int, loss_scale: float = 1.0,
-                         keep_grads: bool = False) -> list[float]:
+                         keep_grads: bool = False, last_micro_only: bool = False) -> list[float]:
     """One process, the whole batch each step, from rank 0's weights. A known mistake's
-    result: the loss times ``loss_scale`` (not 1), or ``keep_grads`` (.grad never zeroed)."""
+    result: the loss times ``loss_scale`` (not 1), ``keep_grads`` (.grad never zeroed), or
+    ``last_micro_only`` (each rank's last micro-batch alone)."""
     model = make_model(100 * spec["seed"])
     for step in range(STEPS):
         if not keep_grads:
             model.zero_grad()
-        (mse(model, global_batch(spec, world_size, step)) * loss_scale).backward()
+        batch = global_batch(spec, world_size, step)
+        if last_micro_only:  # every rank's last micro-batch: (N * B, 3), (N * B, 2)
+            last = [micro_batches(spec, world_size, r, step)[-1] for r in range(world_size)]
+            batch = tuple(torch.cat(part) for part in zip(*last, strict=True))
+        (mse(model, batch) * loss_scale).backward()
         with torch.no_grad():  # plain SGD's step, as torch.optim.SGD(lr=LR) takes it
             for p in model.parameters():
                 p.add_(p.grad, alpha=-LR)
@@ -271,6 +276,10 @@ def name_step_mistake(spec: dict, by_rank: dict, world: int) -> None:
            f"the gradient is {n} times too small: it was divided by {twice} twice. The ring's "
            "sum divided once by the world size is the mean over the ranks; each micro-batch's "
            "loss divided once by K makes the K backward passes add up to one mean")
+    expect(k == 1 or not close(got, reference_parameters(spec, n, 1 / k, last_micro_only=True)),
+           "only each step's last micro-batch counted: .grad was emptied between micro-batches "
+           "(zero_grad inside their loop), where backward must add up the K micro-batches' "
+           "gradients; empty .grad once per step, before the first")
     expect(not close(got, reference_parameters(spec, n, keep_grads=True)),
            "step 2 used the gradients of step 1 as well: backward adds into .grad, and "
            "nothing emptied it between the steps")
