@@ -27,6 +27,11 @@ def scaled_by(factor, zero_inside=False):
     return my_accumulate
 
 
+def split_by_rows(model, x, y, k):  # right: tensor_split, each loss weighted by its rows
+    for xm, ym in zip(x.tensor_split(k), y.tensor_split(k), strict=True):
+        (F.cross_entropy(model(xm), ym, reduction="sum") / len(x)).backward()
+
+
 def only_first(model, x, y, k):
     (F.cross_entropy(model(x.chunk(k)[0]), y.chunk(k)[0]) / k).backward()
 
@@ -48,7 +53,9 @@ ACCUMULATE_MISTAKES = [
     (scaled_by(lambda k: 1), "your gradient points the right way but is 3 times too large"),
     (scaled_by(lambda k: 1 / k**2), "3 times too small"),
     (scaled_by(lambda k: 1 / k, zero_inside=True), "only the last micro-batch's share is left"),
-    (only_first, "some examples' share is missing or counted twice"),
+    (only_first, "with accum_steps=3 your code ran the model 1 time, on [8] rows of the 24"),
+    (lambda model, x, y, k: F.cross_entropy(model(x), y).backward(),  # accum_steps ignored
+     "with accum_steps=3 your code ran the model 1 time, on [24] rows of the 24"),
     (lambda model, x, y, k: None, NO_BACKWARD),
     (one_short, NO_BACKWARD),
     (scaled_by(lambda k: 1 / 24), "with accum_steps=1 your gradient points the right way but is "
@@ -74,6 +81,8 @@ TOKEN_MISTAKES = [
     (lambda loss_sum, micro, total, k: loss_sum / k, "points the right way but is"),
     (lambda loss_sum, micro, total, k: loss_sum.item() / total, "the plain number"),
     (lambda loss_sum, micro, total, k: loss_sum.detach() / total, "cut off from the model"),
+    (lambda loss_sum, micro, total, k: torch.tensor(loss_sum.item() / total, requires_grad=True),
+     "your tensor is a new one"),
     (lambda loss_sum, micro, total, k: accumulation.scale_by_global_tokens(loss_sum, total),
      "calls accumulation.scale_by_global_tokens"),
     (lambda loss_sum, micro, total, k: loss_sum / (total + micro), "not the big batch's gradient"),
@@ -100,7 +109,8 @@ WEIGHT_MISTAKES = [
 
 
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
-    standard_tests((accumulate, [scaled_by(lambda k: 1 / k)], ACCUMULATE_MISTAKES),
+    standard_tests((accumulate, [scaled_by(lambda k: 1 / k), split_by_rows],
+                    ACCUMULATE_MISTAKES),
                    (token_normalisation, [lambda loss_sum, micro, total, k: loss_sum / total],
                     TOKEN_MISTAKES),
                    (uneven_weights, [lambda sizes: [n / sum(sizes) for n in sizes],

@@ -138,6 +138,8 @@ WARMUP_MISTAKES = [
     (lambda step, peak, warm: peak * min(1.0, step / warm), "step 0 gets learning rate 0, a "
                                                             "wasted step"),
     (lambda step, peak, warm: peak * (step + 1) / warm, "the rate goes past the peak"),
+    (lambda step, peak, warm: peak * min(1, (step + 1) // warm),
+     "your rate is 0 and then jumps to the peak, with no ramp between"),
     (lambda step, peak, warm: peak * min(1.0, (step + 1) / (warm + 1)),
      "at step 3, the last warmup step, your rate is 0.32, not yet the peak"),
     (lambda step, peak, warm: peak * min(1.0, ((step + 1) / warm) ** 2),

@@ -4,6 +4,7 @@ value, the course's own solution called, a wrong computation) get a short, point
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 from check_reports import hint_of, standard_tests
@@ -72,6 +73,11 @@ def reference_bytes(numel, world_size, element_size):
         return [0]
     return [(2 * numel - sizes[r] - sizes[(r + 1) % world_size]) * element_size
             for r in range(world_size)]
+
+
+def numpy_bytes(numel, world_size, element_size):  # a list of numpy integers
+    s = np.array([b - a for a, b in chunk_bounds(numel, world_size)])
+    return list((2 * s.sum() - s - np.roll(s, -1)) * element_size) if world_size > 1 else [0]
 
 
 def reduce_scatter_only(numel, n, size):
@@ -170,4 +176,5 @@ def test_a_collective_a_library_call_or_an_open_handle_is_named(found, words):
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
     standard_tests((reduce_scatter_step, [reference_step], REDUCE_SCATTER_STEP_MISTAKES,
                     ("(r - s - 1)", "(r - step - 1)")),
-                   (ring_bytes, [reference_bytes], RING_BYTES_MISTAKES, ("every chunk but",)))
+                   (ring_bytes, [reference_bytes, numpy_bytes], RING_BYTES_MISTAKES,
+                    ("every chunk but",)))

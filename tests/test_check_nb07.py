@@ -91,6 +91,8 @@ SCALE_LOSS_MISTAKES = [
     (lambda s, local, total, n: s / total / n, "every token of the global batch must count"),
     (lambda s, local, total, n: s.item() * n / total, "the plain number"),  # right value
     (lambda s, local, total, n: (s * n / total).detach(), "cut off from the model"),
+    (lambda s, local, total, n: torch.tensor(s.item() * n / total, requires_grad=True),
+     "your tensor is a new one"),
     (lambda s, local, total, n: scale_by_global_tokens(s, total, n),
      "uses the library's scale_by_global_tokens"),
 ]

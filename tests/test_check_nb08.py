@@ -1,5 +1,6 @@
 """Notebook 08's checkers: the reference answers pass, realistic wrong answers get a hint."""
 
+import numpy as np
 import pytest
 import torch
 from answer_edits import reference
@@ -50,6 +51,29 @@ def plan_overfills(sizes, cap):
     return buckets
 
 
+def plan_big_alone_first(sizes, cap):  # a parameter over the cap jumps the open bucket
+    buckets, open_bucket, filled = [], [], 0
+    for i in reversed(range(len(sizes))):
+        if sizes[i] > cap:
+            buckets.append([i])
+            continue
+        if open_bucket and filled + sizes[i] > cap:
+            buckets.append(open_bucket)
+            open_bucket, filled = [], 0
+        open_bucket.append(i)
+        filled += sizes[i]
+    return buckets + ([open_bucket] if open_bucket else [])
+
+
+def plan_numpy_indices(sizes, cap):  # right, with numpy's integers
+    return [[np.int64(i) for i in bucket] for bucket in plan_reference(sizes, cap)]
+
+
+def exposed_to_the_last_end(events):  # counts the gaps between collectives too
+    end = max(e["end_s"] for e in events if e["kind"] == "compute")
+    return 1000 * max(0.0, max(e["end_s"] for e in events if e["kind"] == "comm") - end)
+
+
 def exposed_reference(events):
     end = max(e["end_s"] for e in events if e["kind"] == "compute")
     total, reach = 0.0, end
@@ -90,6 +114,8 @@ BUCKETS_BY_HAND_MISTAKES = [
     (plan_forward_order, "REVERSE registration order"),
     (plan_closes_when_full, "would not fit"),
     (plan_overfills, "holds at most"),
+    (plan_big_alone_first, "each bucket lists its indices last first, but the buckets are out "
+                           "of order"),
     (lambda sizes, cap: [[i] for i in reversed(range(len(sizes)))], "would not fit"),
     (lambda sizes, cap: [list(range(len(sizes)))[::-1][1:]], "exactly one bucket"),
     (plan_reference([1024, 2048], 3000), "pass the function itself"),  # called, not passed
@@ -111,6 +137,7 @@ EXPOSED_COMMUNICATION_MISTAKES = [
      "calls the library's overlap_summary"),
     (exposed_all_comm, "all communication time"),
     (exposed_double_counts, "count once"),
+    (exposed_to_the_last_end, "from backward's end to the last collective's end"),
     (lambda events: exposed_reference(events) / 1000, "in seconds: return milliseconds"),
     (lambda events: 1000 * exposed_reference(events), "expected"),  # seconds mixed with ms
     (None, "pass the function itself"),
@@ -161,5 +188,8 @@ def test_my_hooks_may_import_the_plan_of_8_1_and_nothing_else_of_the_course(
 
 
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
-    standard_tests((buckets_by_hand, [plan_reference], BUCKETS_BY_HAND_MISTAKES),
-                   (exposed_communication, [exposed_reference], EXPOSED_COMMUNICATION_MISTAKES))
+    standard_tests((buckets_by_hand, [plan_reference, plan_numpy_indices],
+                    BUCKETS_BY_HAND_MISTAKES),
+                   (exposed_communication, [exposed_reference,
+                                            lambda events: np.float32(exposed_reference(events))],
+                    EXPOSED_COMMUNICATION_MISTAKES))

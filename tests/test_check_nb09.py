@@ -7,9 +7,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from check_reports import shown_report, standard_tests
+from check_reports import hint_of, shown_report, standard_tests
+from IPython.core import interactiveshell
 from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.check import nb09
@@ -165,6 +167,16 @@ def test_the_checker_puts_every_function_it_replaces_back():
     assert [getattr(module, name) for module, name in replaced] == before
 
 
+def test_a_notebooks_own_open_is_watched_too():
+    """In a notebook, open is IPython's: it calls io.open through a name bound at import."""
+    namespace = {"open": interactiveshell._modified_open, "io": io, "torch": torch}
+    exec("def save_atomic(obj, path):\n    buffer = io.BytesIO()\n    torch.save(obj, buffer)\n"
+         "    with open(path, 'wb') as f:\n        f.write(buffer.getvalue())\n", namespace)
+    before = interactiveshell.io_open
+    assert "wrote straight into path" in hint_of(atomic_save, namespace["save_atomic"])
+    assert interactiveshell.io_open is before
+
+
 # ---- what a learner sees: the hint, at most 10 lines, none of the checker's code ----------
 
 def indices_with_the_sampler(size, world_size, rank, epoch, seed):
@@ -256,7 +268,8 @@ def test_logged_losses_off_by_a_known_factor_are_named(ranks, accum_steps, facto
 
 test_right_answers_pass, test_wrong_answers_get_their_hint_only, test_open_answers = \
     standard_tests((sampler_by_hand, [indices_reference,
-                                      lambda *args: torch.tensor(indices_reference(*args))],
+                                      lambda *args: torch.tensor(indices_reference(*args)),
+                                      lambda *args: np.array(indices_reference(*args))],
                     SAMPLER_BY_HAND_MISTAKES, ["expected ["]),
                    (atomic_save, [save_reference, save_through_serialization,
                                   save_through_an_alias, save_into_a_temporary_file,

@@ -10,6 +10,7 @@ trying every plan) and the notebook's answer pass, and so does a slower plan tha
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 from answer_edits import edited, reference, skeleton
 from check_reports import report_of, shown_report
@@ -112,6 +113,14 @@ def test_the_notebooks_answer_is_the_fastest_and_a_slower_right_plan_passes_too(
     seconds = budget.run_seconds(slower, Budget())
     assert f"the fastest plan that fits takes {budget.run_seconds(fastest(), Budget()):.3f} s, " \
            f"yours {seconds:.3f} s" in out
+
+
+def test_numpy_integers_in_a_plan_count_as_whole_numbers(capsys):
+    best = fastest()
+    as_numpy = Plan(np.int64(best.micro_batch), np.int64(best.accum_steps),
+                    np.int64(best.nproc), zero_stage=best.zero_stage,
+                    bucket_kib=best.bucket_kib)
+    assert "none is faster" in passed(as_numpy, capsys)
 
 
 def test_the_checker_accepts_a_plan_of_every_split_that_fits(capsys):

@@ -167,7 +167,8 @@ def expect_tensor_with_grad(value, what: str) -> None:
     """``ExerciseError`` unless ``value`` is a tensor that backward can still go through.
 
     Tells apart the usual ways of losing the gradient path: a plain number (``.item()``,
-    ``float(...)``) and a tensor cut off from the graph (``.detach()``, ``torch.no_grad()``).
+    ``float(...)``), a tensor cut off from the graph (``.detach()``, ``torch.no_grad()``) and
+    a new leaf that requires a gradient but comes from no model output.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         raise ExerciseError(f"{what}; your code returned the plain number {value!r}, which "
@@ -178,6 +179,10 @@ def expect_tensor_with_grad(value, what: str) -> None:
     if not value.requires_grad:
         raise ExerciseError(f"{what}; your tensor is cut off from the model (no gradient "
                             "path), as .detach() or torch.no_grad() leave it")
+    if value.grad_fn is None:  # requires_grad=True on a tensor of its own: a new leaf
+        raise ExerciseError(f"{what}; your tensor is a new one (torch.tensor(..., "
+                            "requires_grad=True), say), made from numbers, not from the "
+                            "model's output: backward on it reaches no parameter")
 
 
 def close(got, want, rtol: float = 1e-9, atol: float = 1e-12) -> bool:

@@ -46,6 +46,14 @@ def central_difference(my_central_difference) -> None:
                f"at x={x} you return {got:.8f} but the derivative is {want:.8f}: further off "
                "than a step of eps on either side of x leaves; look at the points your code "
                "compares and the distance you divide by")
+    f, wide, x = math.sin, 0.1, 0.7  # a large step: an eps the code ignores shows
+    got = as_number(call_own(my_central_difference, f, x, wide,
+                             library=[gradients.finite_difference]),
+                    "return one number, the estimate of f'(x)")
+    want = (f(x + wide) - f(x - wide)) / (2 * wide)
+    expect(abs(got - want) <= 1e-9, f"with eps={wide} at x={x} you return {got:.8f}, but the "
+                                    f"central difference with that step is {want:.8f}: step "
+                                    "by the eps you are given, not by one of your own")
 
 
 @exercise("1.2")

@@ -43,12 +43,23 @@ def accumulate(my_accumulate) -> None:
     for k in (1, 3, 4):
         last = gradients.batch_grad(model, x.chunk(k)[-1], y.chunk(k)[-1]) / k
         model.zero_grad(set_to_none=True)
-        call_own(my_accumulate, model, x, y, k, library=library)
+        sizes = []  # the rows of each forward the learner's code runs
+        counting = model.register_forward_pre_hook(
+            lambda m, args, sizes=sizes: sizes.append(len(args[0])))
+        try:
+            call_own(my_accumulate, model, x, y, k, library=library)
+        finally:
+            counting.remove()
         expect(any(p.grad is not None for p in model.parameters()),
                f"with accum_steps={k} no parameter has a .grad: no backward ran at all; "
                "check that your loop runs once for each of the accum_steps micro-batches")
         expect(all(p.grad is not None for p in model.parameters()),
                "some parameters have no .grad: no backward reached them")
+        expect(len(sizes) == k and sum(sizes) == len(x),
+               f"with accum_steps={k} your code ran the model {len(sizes)} time"
+               f"{'s' if len(sizes) != 1 else ''}, on {sizes} rows of the {len(x)}: "
+               f"accumulation runs it once per micro-batch, {k} times, each on its share of "
+               "the batch")
         got = gradients.flat_grad(model)
         if gradients.relative_error(got, want) <= 1e-6:
             continue

@@ -91,17 +91,18 @@ def shard(my_shard) -> None:
         for part in parts:
             expect_type(part, torch.Tensor, "return the rank's rows as a tensor (a slice of x)")
         expect(all(p.shape == (12 // world_size, 2) for p in parts),
-               f"with {world_size} ranks and 12 rows, each shard should hold an equal share "
-               f"of the rows; yours hold {[p.shape[0] for p in parts]}")
+               f"with {world_size} rank{'s' * (world_size != 1)} and 12 rows, each shard "
+               f"should hold an equal share of the rows; yours hold "
+               f"{[p.shape[0] for p in parts]}")
         together = torch.cat(parts)  # (12, 2) when the shard sizes are right
         same_rows = torch.equal(together[together[:, 0].argsort()], x)  # x, in any row order
         expect(torch.equal(together, x) or not same_rows,
                "your shards cover every row but not as contiguous blocks: a rank gets every "
                "world_size-th row, not one run of neighbouring rows")
         expect(torch.equal(together, x),
-               f"with {world_size} ranks the shards, in rank order, do not give back the "
-               "batch: some rows are missing and others repeated, so a block does not start "
-               "where the rank before ends")
+               f"with {world_size} rank{'s' * (world_size != 1)} the shards, in rank order, "
+               "do not give back the batch: some rows are missing and others repeated, so a "
+               "block does not start where the rank before ends")
     uneven = "10 rows do not split into 4 equal shards"
     expect_raises(lambda: call_own(my_shard, torch.zeros(10, 2), 0, 4, library=[replicas.shard]),
                   ValueError, uneven, f"{uneven}, yet your function returned a shard, so rows are "
@@ -115,6 +116,11 @@ TOLERANCE = 1e-6  # of the peak: a rate rounded to float32 is still the rate
 def _warmup_hint(got: list[float], peak: float, warm: int) -> str:
     """What is off in a warmup schedule ``got`` (steps 0 .. warm + 2)."""
     where = f"peak {peak}, {warm} warmup steps"
+    steps = {round(rate / peak, 6) for rate in got[:warm]}  # as fractions of the peak
+    if warm > 1 and steps <= {0.0, 1.0} and len(steps) == 2:
+        return (f"{where}: your rate is 0 and then jumps to the peak, with no ramp between: "
+                "a whole-number division (//) gives 0 until the warmup ends, where the ramp "
+                "needs a growing fraction of the peak at every step")
     if got[0] <= 0:
         return (f"{where}: step 0 gets learning rate {got[0]:.4g}, a wasted step; the first "
                 "step should already be one step up the ramp")

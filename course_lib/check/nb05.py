@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from course_lib.check.answers import expect_type
+from course_lib.check.answers import as_number, as_numbers, describe, expect_type
 from course_lib.check.cases.token_ring import TOKEN_RING, TOKEN_RING_ASYNC
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
@@ -35,8 +35,9 @@ def reduce_scatter_by_hand(simulate) -> None:
                                         f"for {n} ranks)")
         expect(len(got) == n, f"return one entry per rank: {n} entries for {n} ranks, not "
                               f"{len(got)}")
-        expect_type(got[0], (list, tuple), "each entry is the list of numbers that rank holds "
-                                           "afterwards (a list, even of one number)")
+        expect(isinstance(got[0], (list, tuple)), "each entry is the list of numbers that rank "
+                                                  "holds afterwards (a list, even of one "
+                                                  f"number); rank 0's is {describe(got[0])}")
         got = [[float(v) for v in row] for row in got]
         sums = [float(sum(col)) for col in zip(*before, strict=True)]
         expect(got != [sums] * n, "every rank holds every chunk's sum: that is all-reduce; "
@@ -61,12 +62,11 @@ def two_point_fit(fit) -> None:
         n1, n2 = 1024, 4 * 2**20
         t1, t2 = alpha + beta * n1, alpha + beta * n2
         got = call_own(fit, n1, t1, n2, t2, library=library)
-        expect_type(got, (tuple, list), "return a pair (alpha, beta): two numbers")
+        got = as_numbers(got, "return a pair (alpha, beta): two numbers")
         expect(len(got) == 2, f"return a pair (alpha, beta), two numbers, not {len(got)}")
-        for value in got:
-            expect_type(value, (int, float), "alpha and beta are plain numbers (seconds and "
-                                             "seconds per byte)")
-        got_alpha, got_beta = (float(v) for v in got)
+        got_alpha, got_beta = (as_number(v, "alpha and beta are plain numbers (seconds and "
+                                            "seconds per byte)", "one of yours is")
+                               for v in got)
         expect(not math.isclose(got_alpha, beta, rel_tol=1e-6),
                "alpha and beta are swapped: return (alpha, beta), latency first")
         expect(not math.isclose(got_beta, t2 / n2, rel_tol=1e-9),

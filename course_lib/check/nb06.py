@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.check.answers import expect_type
+from course_lib.check.answers import as_number, expect_type
 from course_lib.check.cases import ring
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
@@ -128,9 +128,7 @@ def ring_bytes(count_fn) -> None:
         what = f"return one number per rank: a list of {world_size} for {world_size} ranks"
         expect_type(got, (list, tuple), what)
         expect(len(got) == world_size, f"{what}, not {len(got)}")
-        for value in got:
-            expect_type(value, (int, float), f"{what}, each a whole number of bytes")
-        got = [int(v) for v in got]
+        got = [int(as_number(v, f"{what}, each a whole number of bytes")) for v in got]
         if got != ring_viz.bytes_sent_per_rank(numel, world_size, element_size):
             name_bytes_mistake(got, numel, world_size, element_size)
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
-from course_lib.check.answers import expect_function, expect_type
+from course_lib.check.answers import as_number, expect_function, expect_type
 from course_lib.check.cases import hooks
 from course_lib.check.checker import exercise, expect
 from course_lib.check.mp.harness import WORLD_SIZES, check_exercise
@@ -45,15 +46,20 @@ def buckets_by_hand(plan) -> None:
         expect(all(isinstance(b, (list, tuple)) for b in got),
                "return a list of buckets, each a list of parameter indices (you returned a "
                "list, but not of lists)")
-        expect(all(isinstance(i, int) or (torch.is_tensor(i) and i.numel() == 1)
-                   for b in got for i in b),
+        expect(all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                   or (torch.is_tensor(i) and i.numel() == 1) for b in got for i in b),
                "each bucket lists parameter INDICES (whole numbers 0, 1, ...), not sizes or "
                "parameters")
         got = [[int(i) for i in bucket] for bucket in got]
         flat = [i for bucket in got for i in bucket]
         expect(sorted(flat) == list(range(len(sizes))),
                f"every parameter 0..{len(sizes) - 1} must be in exactly one bucket; got {got}")
-        expect(flat == list(range(len(sizes)))[::-1] or len(sizes) == 1,
+        backward_order = flat == list(range(len(sizes)))[::-1] or len(sizes) == 1
+        expect(backward_order or not all(b == sorted(b, reverse=True) for b in got),
+               f"each bucket lists its indices last first, but the buckets are out of order "
+               f"({got}): a bucket leaves as soon as it closes, so when a parameter starts a "
+               "new bucket (one bigger than the cap goes alone), the open one is closed first")
+        expect(backward_order,
                "fill buckets in REVERSE registration order: backward makes the last "
                "parameter's gradient first, so bucket 0 must start with the last index")
         expect(all(sum(sizes[i] for i in b) <= cap or len(b) == 1 for b in got),
@@ -73,6 +79,9 @@ TIMELINES = (  # synthetic steps, times in seconds from the start of backward
     [{"name": "backward", "kind": "compute", "start_s": 0.0, "end_s": 0.020},
      {"name": "bucket 0", "kind": "comm", "start_s": 0.002, "end_s": 0.006},
      {"name": "bucket 1", "kind": "comm", "start_s": 0.005, "end_s": 0.009}],
+    [{"name": "backward", "kind": "compute", "start_s": 0.0, "end_s": 0.010},  # a gap: 10-12
+     {"name": "bucket 0", "kind": "comm", "start_s": 0.002, "end_s": 0.006},
+     {"name": "bucket 1", "kind": "comm", "start_s": 0.012, "end_s": 0.013}],
 )
 
 
@@ -96,10 +105,7 @@ def exposed_communication(exposed_ms) -> None:
         got = call_own(exposed_ms, [dict(e) for e in events], library=[overlap_summary],
                        hint="your function calls the library's overlap_summary: the point is "
                             "to measure the exposed time yourself, from the events")
-        if torch.is_tensor(got) and got.numel() == 1:
-            got = got.item()  # a one-number tensor counts as its number
-        expect_type(got, (int, float), "return one number, the exposed milliseconds")
-        got = float(got)
+        got = as_number(got, "return one number, the exposed milliseconds")
         want = reference_exposed_ms(events)
         comm = [e for e in events if e["kind"] == "comm"]
         summed = 1000 * sum(e["end_s"] - e["start_s"] for e in comm)
@@ -111,6 +117,11 @@ def exposed_communication(exposed_ms) -> None:
         expect(not (math.isclose(got, after, abs_tol=1e-6) and after != want),
                "two collectives in flight at the same time count once: merge their "
                "intervals before measuring")
+        last = 1000 * (max(e["end_s"] for e in comm) - end)  # to the last one's end
+        expect(not (math.isclose(got, last, abs_tol=1e-6) and last != want),
+               "you measured from backward's end to the last collective's end, but no "
+               "collective runs in part of that time (between two of them): count only the "
+               "time during which at least one is running")
         expect(not (math.isclose(1000 * got, want, abs_tol=1e-6) and want > 0),
                "that is the exposed time in seconds: return milliseconds")
         expect(math.isclose(got, want, abs_tol=1e-6),

@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 
+import numpy as np
 import torch
 import torch.serialization
 from torch.utils.data.distributed import DistributedSampler
@@ -45,8 +46,8 @@ def indices_of(indices, size: int, world_size: int, rank: int, epoch: int, seed:
                    library=[DistributedSampler.__init__],
                    hint="your function uses {name}: the point is to write what it does "
                         "yourself, with torch.randperm and a slice")
-    if torch.is_tensor(got):
-        got = got.tolist()  # a tensor of indices counts as its list
+    if isinstance(got, (torch.Tensor, np.ndarray)) and got.ndim == 1:
+        got = got.tolist()  # a tensor or array of indices counts as its list
     expect(isinstance(got, (list, tuple)) and all(
         isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in got),
         f"return this rank's indices as a list of whole numbers; your code returned "
@@ -117,8 +118,9 @@ class CrashingDisk:
     itself, or removal of it, stops halfway with "No space left on device". A torch.save is
     caught inside torch.serialization, so also under another name (``from torch import save
     as s``, ``torch.serialization.save``); a write to ``path`` is caught where files are opened
-    (``open``, ``io.open``, ``os.open``: shutil and pathlib go through them). Only a rename
-    (``os.replace``) may put a new file at ``path``. ``causes`` says what touched ``path``."""
+    (``open``, ``io.open``, ``os.open`` and IPython's ``open`` in a notebook: shutil and
+    pathlib go through them). Only a rename (``os.replace``) may put a new file at ``path``.
+    ``causes`` says what touched ``path``."""
 
     def __init__(self, path: str, crash_saves: bool):
         self.path, self.crash_saves = path, crash_saves
@@ -183,6 +185,9 @@ class CrashingDisk:
                  (os, "unlink", self.remover("unlink")),
                  (torch.serialization, "_open_zipfile_writer", self.writer(self.real["zip"])),
                  (torch.serialization, "_open_file_like", self.writer(self.real["file_like"]))]
+        shell = sys.modules.get("IPython.core.interactiveshell")  # a notebook's open() calls
+        if shell is not None and hasattr(shell, "io_open"):  # its io_open, bound at import
+            hooks.append((shell, "io_open", self.open))
         saved = [(module, name, getattr(module, name)) for module, name, _ in hooks]
         try:
             for module, name, hook in hooks:

@@ -28,6 +28,7 @@ the ZeRO stage of notebook 10 says, plus what the sync keeps (``SYNC_PART``).
 from __future__ import annotations
 
 import functools
+import numbers
 from dataclasses import dataclass, replace
 
 from course_lib.core.buckets import plan_buckets
@@ -156,11 +157,11 @@ def rule_problems(plan: Plan, budget: Budget) -> list[str]:
     problems = []
     for name in ("micro_batch", "accum_steps", "nproc"):
         value = getattr(plan, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             problems.append(f"{name} must be a whole number >= 1, got {value!r}")
     if plan.zero_stage not in STAGES or isinstance(plan.zero_stage, bool):
         problems.append(f"zero_stage must be 0, 1, 2 or 3, got {plan.zero_stage!r}")
-    if isinstance(plan.bucket_kib, bool) or not isinstance(plan.bucket_kib, (int, float)):
+    if isinstance(plan.bucket_kib, bool) or not isinstance(plan.bucket_kib, numbers.Real):
         problems.append(f"bucket_kib must be a number of KiB, got {plan.bucket_kib!r}")
     elif not plan.bucket_kib > 0:
         problems.append(f"bucket_kib must be more than 0, got {plan.bucket_kib!r}")

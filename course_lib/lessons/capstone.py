@@ -24,6 +24,7 @@ prices: the time model of the budget, which calls it.
 from __future__ import annotations
 
 import functools
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -59,9 +60,10 @@ def _measure(micro_batch: int, lr: float, seed: int) -> tuple[int, ...]:
 
 def memory_per_process(micro_batch: int, seed: int = 0) -> dict[str, int]:
     """Bytes one process holds for a micro-batch of this size; "total" adds them up."""
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+    if (isinstance(micro_batch, bool) or not isinstance(micro_batch, numbers.Integral)
+            or micro_batch < 1):  # an int, or numpy's
         raise ValueError(f"micro_batch must be a whole number >= 1, got {micro_batch!r}")
-    parts = dict(zip(PARTS, _measure(micro_batch, LR, seed), strict=True))
+    parts = dict(zip(PARTS, _measure(int(micro_batch), LR, seed), strict=True))
     parts["total"] = sum(parts.values())
     return parts
 
