@@ -126,8 +126,8 @@ TOKEN_RING = Exercise(nb05.token_ring, "token_ring.py", right={
         ("dist.recv(incoming, group=group, group_src=left)\n        dist.send",
          "dist.recv(token, group=group, group_src=left)\n        dist.send"),
         ("    return incoming\n", "    return token\n")],
-        "on rank 1 pass_token received rank 0's token into the token it was given, the one it "
-        "sends: the caller's own token is overwritten", shared=True,
+        "on rank 1 pass_token received rank 0's token into the token it was given: the "
+        "caller's own token is overwritten", shared=True,
         never=("own token, not", "returned")),
     "a float32 buffer": Wrong([("torch.empty_like(token)", "torch.zeros(token.shape)")],
                               ("was ended by Gloo in recv from rank", "an int64 token",
@@ -192,6 +192,12 @@ TOKEN_RING_ASYNC = Exercise(nb05.token_ring_async, "token_ring_async.py", right=
     dist.isend(token, group=group, group_dst=(rank + 1) % n)
     dist.irecv(incoming, group=group, group_src=(rank - 1) % n)
 """)], "returned without waiting for its isend to rank 1", shared=True),
+    "the token changed before the isend's wait": Wrong([(
+        "    sending.wait()  # the token may be changed again only once it is sent\n",
+        "    token.zero_()  # done with my token\n"
+        "    sending.wait()  # the token may be changed again only once it is sent\n")],
+        "rank 0 changed the tensor of its isend to rank 1 (line {line:dist.isend(}) before that "
+        "isend's wait() returned", shared=True),
     "waits on the isend before starting the irecv": Wrong([(START_AND_WAIT, """\
     dist.isend(token, group=group, group_dst=(rank + 1) % n).wait()
     dist.irecv(incoming, group=group, group_src=(rank - 1) % n).wait()
@@ -292,6 +298,31 @@ MY_RING = Exercise(nb06.my_ring, "my_ring.py", right={
         dist.recv(recv_into, group=group, group_src=left)
 """)], ("rank 0 is blocked in send to rank 1 (line {line:dist.send(}), rank 1 in send to rank 0 "
         "(line {line:dist.send(})", "each rank's receive must already be under way")),
+    "blocking, even ranks first": Wrong([(EXCHANGE, """\
+        if rank % 2 == 0:  # even ranks send first, odd ones receive first
+            dist.send(send_chunk, group=group, group_dst=right)
+            dist.recv(recv_into, group=group, group_src=left)
+        else:
+            dist.recv(recv_into, group=group, group_src=left)
+            dist.send(send_chunk, group=group, group_dst=right)
+""")], "ring_all_reduce calls dist.recv, which blocks: the exercise builds the ring from "
+       "dist.isend and dist.irecv", shared=True),
+    "a clone that keeps the strides": Wrong([(
+        "flat = tensor.reshape(-1)  # (numel,): a view, or a copy if tensor is not contiguous",
+        "flat = torch.atleast_1d(tensor.clone())  # my own copy to work in")],
+        ("RuntimeError: input tensor has to be contiguous", "(case: a transposed "
+         "(non-contiguous) float32 view", "isend and irecv take a tensor whose values lie in "
+         "one run of memory")),
+    "the all-gather's waits left to its end": Wrong([(between(RING, "    # All-gather", AG_STEP),
+                                                       """\
+    handles = []  # the all-gather: every step started now, all waited on at the end
+    for step in range(n - 1):
+        handles.append(dist.isend(chunks[(rank - step) % n], group=group, group_dst=right))
+        handles.append(dist.irecv(chunks[(rank - step - 1) % n], group=group, group_src=left))
+    for handle in handles:
+        handle.wait()
+""")], "rank 0 sent, at line {line:handles.append(dist.isend}, values that its irecv from rank 2 "
+       "(line {line:handles.append(dist.irecv}) had not finished receiving", 3, shared=True),
     "receives from the right": Wrong([("group_src=left", "group_src=right")], (
         "rank 0 is blocked waiting for its isend to rank 1 (line {line:sending.wait()}), rank 1 "
         "waiting for its isend to rank 2 (line {line:sending.wait()})",

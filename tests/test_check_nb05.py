@@ -93,7 +93,8 @@ def ring_summaries(spec, values, is_token=(), token_now=None):
                              "values": v, "is_token": r in is_token},
                 "token_changed": token_now is not None and r == 0,
                 "token_now": token_now if r == 0 else None, "collectives": [], "library": [],
-                "calls": ["recv", "send"], "unwaited": [], "messages": int(len(values) > 1),
+                "calls": ["recv", "send"], "unwaited": [], "touched": [], "forwarded": [],
+                "messages": int(len(values) > 1),
                 "bytes_sent": 12 * int(len(values) > 1)}
             for r, v in enumerate(values)}
 

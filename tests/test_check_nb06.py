@@ -166,10 +166,16 @@ def test_too_many_bytes_are_named_by_what_they_are():
     ({"collectives": ["all_gather"]}, "calls dist.all_gather"),
     ({"unwaited": [{"kind": "irecv", "peer": 1, "line": 16}]},
      "rank 0 returned without waiting for its irecv from rank 1 (line 16)"),
+    ({"calls": ["isend", "recv"]}, "ring_all_reduce calls dist.recv, which blocks"),
+    ({"touched": [{"kind": "isend", "peer": 1, "line": 14}]},
+     "rank 0 changed the tensor of its isend to rank 1 (line 14) before that isend's wait()"),
+    ({"forwarded": [{"line": 20, "peer": 2, "recv_line": 21}]},
+     "rank 0 sent, at line 20, values that its irecv from rank 2 (line 21) had not finished"),
 ])
 def test_a_collective_a_library_call_or_an_open_handle_is_named(found, words):
     with pytest.raises(ExerciseError) as caught:
-        ring.judge_calls(0, {"library": [], "collectives": [], "unwaited": [], **found})
+        ring.judge_calls(0, {"library": [], "collectives": [], "calls": ["irecv", "isend"],
+                             "unwaited": [], "touched": [], "forwarded": [], **found})
     assert words in str(caught.value)
 
 

@@ -68,12 +68,26 @@ def flat_parameters(model: torch.nn.Module) -> list[float]:
     return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]).tolist()
 
 
-def expect_waited(rank: int, unwaited: list[dict], why: str) -> None:
-    """Every isend and irecv handle of the rank waited on (``unwaited``: the tracer's)."""
-    for handle in unwaited:
+def expect_waited(rank: int, s: dict, why: str) -> None:
+    """Every isend and irecv handle of the rank waited on, no isend's tensor changed before
+    its wait, nothing sent before the irecv that brings it was waited on (``s``: the tracer's
+    summary of the case)."""
+    for handle in s["unwaited"]:
         way = "to" if handle["kind"] == "isend" else "from"
         expect(False, f"rank {rank} returned without waiting for its {handle['kind']} {way} "
                       f"rank {handle['peer']} (line {handle['line']}): {why}")
+    for sent in s["forwarded"]:
+        expect(False, f"rank {rank} sent, at line {sent['line']}, values that its irecv from "
+                      f"rank {sent['peer']} (line {sent['recv_line']}) had not finished "
+                      "receiving: that irecv was not waited on yet, so what went out may be "
+                      "old values or half of each. Wait on a receive before you send what it "
+                      "brings")
+    for handle in s["touched"]:
+        expect(False, f"rank {rank} changed the tensor of its isend to rank {handle['peer']} "
+                      f"(line {handle['line']}) before that isend's wait() returned: the "
+                      "message may still be reading it, so the other rank can get the new "
+                      "values, the old ones or some of each. Change a tensor you send only "
+                      "after its wait()")
 
 
 def fail_with_gap(got: list, want: list, who: str, step: int) -> None:

@@ -85,6 +85,10 @@ def explain(error: dict, text: str) -> str:
     if "out of range" in error["message"] and ".chunk(" in text:
         return ("torch.chunk can return fewer than N chunks (2 numbers in 3 chunks gives 2), "
                 "but the ring needs N chunks on every rank, some of them empty.")
+    if "has to be contiguous" in error["message"]:
+        return ("isend and irecv take a tensor whose values lie in one run of memory: a view "
+                "of another shape (a transpose, a slice of columns) and its clone keep their "
+                "strides; .contiguous() gives such a tensor, to copy back afterwards.")
     if is_shape_error(error["message"]):
         return ("Two chunks of different sizes met: every rank must cut the tensor into the "
                 "same N chunks, and add what arrives into the chunk the sender sent.")
@@ -96,8 +100,12 @@ def judge_calls(rank: int, s: dict) -> None:
     used = [*(f"the library's {f}" for f in s["library"]),
             *(f"dist.{c}" for c in s["collectives"])]
     expect(not used, f"ring_all_reduce calls {(used or [''])[0]}: {YOURSELF}")
-    expect_waited(rank, s["unwaited"], "until its handle is waited on, a message may not "
-                                       "have arrived (or left) yet")
+    blocking = sorted({"send", "recv"} & set(s["calls"]))
+    expect(not blocking, f"ring_all_reduce calls dist.{(blocking or [''])[0]}, which blocks: "
+                         "the exercise builds the ring from dist.isend and dist.irecv, so that "
+                         "each step's send and receive are under way together")
+    expect_waited(rank, s, "until its handle is waited on, a message may not have arrived "
+                           "(or left) yet")
 
 
 def _values(by_rank: dict, key: str, n: int) -> list[torch.Tensor]:

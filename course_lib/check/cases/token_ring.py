@@ -113,9 +113,8 @@ def judge_calls(function: str, rank: int, s: dict) -> None:
     wrong, why = WRONG_KIND[function]
     made = sorted(set(s["calls"]) & wrong)
     expect(not made, f"{function} called {' and '.join(made)}: {why}")
-    expect_waited(rank, s["unwaited"], "until its .wait() returns, an irecv's tensor may not "
-                                       "hold the message yet and an isend's tensor may still "
-                                       "be in use")
+    expect_waited(rank, s, "until its .wait() returns, an irecv's tensor may not hold the "
+                           "message yet and an isend's tensor may still be in use")
 
 
 def judge_kind(function: str, rank: int, s: dict, mine: torch.Tensor) -> None:
@@ -135,8 +134,8 @@ def judge_callers_token(function: str, by_rank: dict, tokens: list[list]) -> Non
     for rank, s in sorted(by_rank.items()):
         holder = next((r for r, t in enumerate(tokens) if t == s["token_now"]), None)
         expect(holder is None, f"on rank {rank} {function} received rank {holder}'s token "
-                               "into the token it was given, the one it sends: the caller's "
-                               "own token is overwritten")
+                               "into the token it was given: the caller's own token is "
+                               "overwritten, and it must come back as it was")
         expect(not s["token_changed"], f"on rank {rank} {function} wrote into the token it "
                                        "was given: the caller's token must come back as it "
                                        "was")

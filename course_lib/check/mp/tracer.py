@@ -82,6 +82,8 @@ class CaseLog:
     handed: list = field(default_factory=list)  # (call, dtype, numel) of each of those calls
     blocking: list = field(default_factory=list)  # collectives called without async_op
     handles: list = field(default_factory=list)  # every TracedWork handed out
+    touched: list = field(default_factory=list)  # isends whose tensor changed before the wait
+    forwarded: list = field(default_factory=list)  # sends of an irecv's tensor before its wait
     started: list = field(default_factory=list)  # every StartedCollective handed out
 
     def summary(self) -> dict:
@@ -89,7 +91,7 @@ class CaseLog:
         return {"bytes_sent": self.bytes_sent, "messages": self.messages,
                 "calls": sorted(self.calls), "collectives": self.collectives,
                 "library": self.library, "handed": self.handed, "blocking": self.blocking,
-                "unwaited": unwaited}
+                "unwaited": unwaited, "touched": self.touched, "forwarded": self.forwarded}
 
 
 class _Wrapped:
@@ -113,6 +115,17 @@ class _Wrapped:
         return hash(self.original)
 
 
+def _overlap(a, b) -> bool:
+    """Whether two tensors share memory: the same storage, overlapping element ranges."""
+    if not isinstance(a, torch.Tensor) or a.untyped_storage().data_ptr() != \
+            b.untyped_storage().data_ptr():
+        return False
+    ends = [t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(),
+                                                                 strict=True)) + 1 for t in (a, b)]
+    return a.numel() > 0 and b.numel() > 0 and a.storage_offset() < ends[1] and \
+        b.storage_offset() < ends[0]
+
+
 def _original(op):
     return op.original if isinstance(op, _Wrapped) else op
 
@@ -120,21 +133,31 @@ def _original(op):
 class TracedWork:
     """An ``isend``/``irecv`` handle that records its waits; everything else is passed on."""
 
-    def __init__(self, work, tracer: Tracer, kind: str, peer, line):
+    def __init__(self, work, tracer: Tracer, kind: str, peer, line, tensor=None):
         self._work, self._tracer = work, tracer
         self.kind, self.peer, self.line, self.done = kind, peer, line, False
+        self.tensor = tensor  # and what an isend's held (not its version counter: a view's is
+        self.sent = tensor.detach().clone() if kind == "isend" else None  # its base's, and a
+        # chunk written beside it is no race)
+
+    def _finished(self) -> None:
+        """The message is done with its tensor: an isend's, changed meanwhile, is noted."""
+        if not self.done and self.sent is not None and not torch.equal(self.tensor, self.sent):
+            self._tracer.log.touched.append(self.describe())
+        self.done = True
 
     def wait(self, *args, **kwargs):
         self._tracer.status(op="wait", kind=self.kind, peer=self.peer,
                             line=self._tracer.learner_line(), open=self._tracer.open_handles(self))
         result = self._work.wait(*args, **kwargs)  # a timeout leaves the status as it is
         self._tracer.status(op=None)
-        self.done = True
+        self._finished()
         return result
 
     def is_completed(self):
         finished = self._work.is_completed()
-        self.done = self.done or finished
+        if finished:
+            self._finished()
         return finished
 
     def get_future(self):
@@ -336,6 +359,11 @@ class Tracer(GroupChecks):
         if "send" in name and tensor is not None and tensor.numel() > 0:
             self.log.bytes_sent += tensor.numel() * tensor.element_size()
             self.log.messages += 1
+            early = next((h for h in self.log.handles if h.kind == "irecv" and not h.done
+                          and _overlap(h.tensor, tensor)), None)
+            if early is not None:  # sends what an irecv not waited on may still be writing
+                self.log.forwarded.append({"line": self.learner_line(), "peer": early.peer,
+                                           "recv_line": early.line})
 
     def _point_to_point(self, name: str):
         def handler(original, *args, **kwargs):
@@ -347,7 +375,7 @@ class Tracer(GroupChecks):
             line = self.learner_line()
             if name in ("isend", "irecv"):
                 work = original(*args, **kwargs)
-                return None if work is None else self._handle(work, name, peer, line)
+                return None if work is None else self._handle(work, name, peer, line, tensor)
             self.status(op=name, peer=peer, line=line, open=self.open_handles())  # say first
             result = original(*args, **kwargs)  # a timeout leaves the status as it is
             self.status(op=None)
@@ -374,10 +402,12 @@ class Tracer(GroupChecks):
         works = original(ops, *args, **kwargs)
         if len(works) != len(kinds):  # coalesced into one handle (NCCL)
             kinds = [("batch", None)] * len(works)
-        return [self._handle(w, k, p, line) for w, (k, p) in zip(works, kinds, strict=True)]
+        tensors = [op.tensor for op in ops] if len(works) == len(ops) else [None] * len(works)
+        return [self._handle(w, k, p, line, t)
+                for w, (k, p), t in zip(works, kinds, tensors, strict=True)]
 
-    def _handle(self, work, kind: str, peer, line) -> TracedWork:
-        handle = TracedWork(work, self, kind, peer, line)
+    def _handle(self, work, kind: str, peer, line, tensor=None) -> TracedWork:
+        handle = TracedWork(work, self, kind, peer, line, tensor)
         self.log.handles.append(handle)
         return handle
 
