@@ -84,6 +84,7 @@ class CaseLog:
     handles: list = field(default_factory=list)  # every TracedWork handed out
     touched: list = field(default_factory=list)  # isends whose tensor changed before the wait
     forwarded: list = field(default_factory=list)  # sends of an irecv's tensor before its wait
+    receiving: list = field(default_factory=list)  # the irecv handles that may still be open
     started: list = field(default_factory=list)  # every StartedCollective handed out
 
     def summary(self) -> dict:
@@ -359,8 +360,8 @@ class Tracer(GroupChecks):
         if "send" in name and tensor is not None and tensor.numel() > 0:
             self.log.bytes_sent += tensor.numel() * tensor.element_size()
             self.log.messages += 1
-            early = next((h for h in self.log.handles if h.kind == "irecv" and not h.done
-                          and _overlap(h.tensor, tensor)), None)
+            self.log.receiving = [h for h in self.log.receiving if not h.done]  # still open
+            early = next((h for h in self.log.receiving if _overlap(h.tensor, tensor)), None)
             if early is not None:  # sends what an irecv not waited on may still be writing
                 self.log.forwarded.append({"line": self.learner_line(), "peer": early.peer,
                                            "recv_line": early.line})
@@ -409,6 +410,8 @@ class Tracer(GroupChecks):
     def _handle(self, work, kind: str, peer, line, tensor=None) -> TracedWork:
         handle = TracedWork(work, self, kind, peer, line, tensor)
         self.log.handles.append(handle)
+        if kind == "irecv":
+            self.log.receiving.append(handle)
         return handle
 
     # ---- one case ---------------------------------------------------------------------------
