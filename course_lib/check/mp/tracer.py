@@ -360,12 +360,16 @@ class Tracer(GroupChecks):
         if "send" in name and tensor is not None and tensor.numel() > 0:
             self.log.bytes_sent += tensor.numel() * tensor.element_size()
             self.log.messages += 1
-            self.log.receiving = [h for h in self.log.receiving if not h.done]  # still open
-            early = None if self.inside else next(  # (the course's own rings are right)
-                (h for h in self.log.receiving if _overlap(h.tensor, tensor)), None)
-            if early is not None:  # sends what an irecv not waited on may still be writing
-                self.log.forwarded.append({"line": self.learner_line(), "peer": early.peer,
-                                           "recv_line": early.line})
+            if not self.inside:  # the learner's own send (the course's rings are right)
+                self._sent_while_receiving(tensor)
+
+    def _sent_while_receiving(self, tensor) -> None:
+        """Note a send of memory that an irecv not yet waited on may still be writing."""
+        self.log.receiving = [h for h in self.log.receiving if not h.done]  # still open
+        early = next((h for h in self.log.receiving if _overlap(h.tensor, tensor)), None)
+        if early is not None:
+            self.log.forwarded.append({"line": self.learner_line(), "peer": early.peer,
+                                       "recv_line": early.line})
 
     def _point_to_point(self, name: str):
         def handler(original, *args, **kwargs):

@@ -138,15 +138,15 @@ def _phrase(what: str, peer: int, first: bool) -> str:
     return f"{'is blocked ' if first else ''}{verb} rank {peer}"
 
 
-def blocked_ranks(run: Run) -> dict[int, tuple[str, int, int | None]]:
-    """{rank: (what, peer, line)} for every rank that stopped while waiting on a peer."""
+def blocked_ranks(run: Run) -> dict[int, tuple[str, int]]:
+    """{rank: (what, peer)} for every rank that stopped while waiting on a peer."""
     found, out_of_time = {}, "did not finish within" in (run.launch_error or "")
     for r in run.ranks:
         stopped = (not r.reported and (out_of_time or not run.launch_error)) or (
             r.error and r.error["kind"] in ("timeout", "peer_gone"))
         blocked = _blocked_on(r.status)
         if stopped and blocked:
-            found[r.rank] = (*blocked, r.status.get("line"))
+            found[r.rank] = blocked
     return found
 
 
@@ -156,7 +156,7 @@ def _started(blocked: dict, run: Run) -> dict[int, list[tuple[str, int]]]:
     status = {r.rank: r.status for r in run.ranks}
     return {rank: [(what, peer)] + [(h["kind"], h["peer"])
                                     for h in status[rank].get("open", [])]
-            for rank, (what, peer, _) in blocked.items()}
+            for rank, (what, peer) in blocked.items()}
 
 
 def _crossed(blocked: dict, run: Run) -> str | None:
@@ -180,14 +180,14 @@ def _reason(blocked: dict, run: Run, advice: Advice) -> str:
     crossed = _crossed(blocked, run)
     if crossed:
         return f"{crossed}. {advice.mismatch}"
-    kinds = {what in SENDING for what, _, _ in blocked.values()}
+    kinds = {what in SENDING for what, _ in blocked.values()}
     if len(blocked) == run.world_size and kinds == {True}:
         return ("every rank sends before any receives, so no send can complete (on Gloo a "
                 "send returns only once the receiver has posted its recv, even for a single "
                 f"number). {advice.all_send}")
     if len(blocked) == run.world_size and kinds == {False}:
         return f"every rank waits to receive before any rank sends. {advice.all_recv}"
-    for rank, (what, peer, _) in blocked.items():
+    for rank, (what, peer) in blocked.items():
         other = blocked.get(peer)
         wants = "recv" if what in SENDING else "send"
         if other is None:
@@ -195,7 +195,7 @@ def _reason(blocked: dict, run: Run, advice: Advice) -> str:
                     f"matching {wants}. {advice.mismatch}")
         if other[1] != rank or (other[0] in SENDING) == (what in SENDING):
             return (f"rank {rank} {_doing(what, peer)}, but rank {peer} "
-                    f"{_doing(*other[:2])}. {advice.mismatch}")
+                    f"{_doing(*other)}. {advice.mismatch}")
     return advice.mismatch
 
 
@@ -204,7 +204,7 @@ def deadlock_message(run: Run, learner: LearnerFile, advice: Advice) -> str | No
     if not blocked:
         return None
     parts, status = [], {r.rank: r.status for r in run.ranks}
-    for i, (rank, (what, peer, _)) in enumerate(sorted(blocked.items())):
+    for i, (rank, (what, peer)) in enumerate(sorted(blocked.items())):
         parts.append(f"rank {rank} {_phrase(what, peer, i == 0)}{_at(status[rank])}")
     case = next((r.status.get("case") for r in run.ranks if r.rank in blocked), None)
     return (f"{learner.path} never finished {where(run, case)}: {', '.join(parts)}: "
